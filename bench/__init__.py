@@ -1,0 +1,1 @@
+"""pflrepro benchmark engine: runner, records, launcher glue, collection and plots."""

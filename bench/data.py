@@ -1,0 +1,168 @@
+"""The federated dataset as the engine sees it: one in-memory pool and per-client index tensors.
+
+All images the clients use are gathered once into a pool tensor on the training device. A client's
+batch is ``pool[indices[perm[i:i+B]]]``: no DataLoader, no disk reads and no copies per client per round.
+Shuffles and augmentations draw from the ``torch.Generator`` passed in, so batches are a pure function of
+(seed, round, client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import datasets.synthetic  # noqa: F401  (registers the synthetic source)
+from datasets.augment import Compose, build_transform
+from datasets.partition import LabelInfo, Partition
+from datasets.partition_cache import cached_partition
+from datasets.sources import ImageData, load_source
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's view of the pool."""
+
+    cid: int
+    pool: FederatedData
+    train: torch.Tensor  # int64 positions in the pool (on the pool's device)
+    val: torch.Tensor
+    test: torch.Tensor
+
+    def size(self, split: str) -> int:
+        return int(getattr(self, split).numel())
+
+    def batches(
+        self,
+        split: str,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        *,
+        shuffle: bool = True,
+        augment: bool = True,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Mini-batches of (images, labels); shuffled and augmented with ``generator`` when training."""
+        index = getattr(self, split)
+        if shuffle:
+            if generator is None:
+                raise ValueError("shuffle=True needs a generator (determinism)")
+            perm = torch.randperm(index.numel(), generator=generator, device=generator.device)
+            index = index[perm.to(index.device)]
+        transform = self.pool.train_transform if augment else self.pool.test_transform
+        n = index.numel()
+        stop = n - n % batch_size if drop_last else n
+        for start in range(0, stop, batch_size):
+            idx = index[start : start + batch_size]
+            yield transform(self.pool.images[idx], generator), self.pool.labels[idx]
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """Pool of images and labels on ``device`` plus each client's train/val/test positions."""
+
+    images: torch.Tensor  # float32 [P, C, H, W], values in [0, 1]
+    labels: torch.Tensor  # int64 [P]
+    splits: tuple[dict[str, torch.Tensor], ...]  # per client: split -> pool positions
+    classes: tuple[str, ...]
+    train_transform: Compose
+    test_transform: Compose
+    partition: Partition
+    pool_labels_full: torch.Tensor  # labels of the uncompacted pool (for partition reports)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.splits)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.images.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.images.shape[-1])
+
+    def client(self, cid: int) -> ClientData:
+        s = self.splits[cid]
+        return ClientData(cid, self, s["train"], s["val"], s["test"])
+
+    def sizes(self, split: str) -> torch.Tensor:
+        """Number of samples per client in ``split`` (float64, CPU)."""
+        return torch.tensor([s[split].numel() for s in self.splits], dtype=torch.float64)
+
+
+def _load_all(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[ImageData], list[ImageData]]:
+    """Train and test parts of every domain named by the dataset config (one domain unless ``domains``)."""
+    names: Sequence[str] = cfg.get("domains") or [cfg["source"]]
+    opts = dict(cfg.get("options") or {})
+    kwargs = dict(image_size=cfg.get("image_size"), channels=cfg.get("channels"), download=cfg.get("download", False))
+    root = cfg.get("root") or data_root
+    train = [load_source(n, "train", root, **kwargs, **opts) for n in names]
+    test = [load_source(n, "test", root, **kwargs, **opts) for n in names]
+    return train, test
+
+
+def build_federated_data(
+    dataset_cfg: Mapping[str, Any],
+    partition_cfg: Mapping[str, Any],
+    *,
+    num_clients: int,
+    data_seed: int,
+    data_root: str | None = None,
+    cache_dir: str | Path | None = None,
+    device: str | torch.device = "cpu",
+) -> FederatedData:
+    """Load the sources, partition them (cached) and gather the used samples into a pool on ``device``."""
+    train, test = _load_all(dataset_cfg, data_root)
+    classes = train[0].classes
+    for part in train + test:
+        if part.classes != classes:
+            raise ValueError(f"domain {part.domain!r} has classes {part.classes}, expected {classes}")
+    multi = len(train) > 1
+    labels = LabelInfo(
+        train_labels=torch.cat([p.labels for p in train]),
+        test_labels=torch.cat([p.labels for p in test]),
+        num_classes=len(classes),
+        train_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(train)]) if multi else None,
+        test_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(test)]) if multi else None,
+        domain_names=tuple(p.domain for p in train) if multi else (),
+    )
+    params = {k: v for k, v in partition_cfg.items() if k not in ("scheme", "val_fraction")}
+    partition = cached_partition(
+        cache_dir,
+        str(dataset_cfg["name"]),
+        str(partition_cfg["scheme"]),
+        labels,
+        num_clients,
+        data_seed,
+        val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
+        **params,
+    )
+    pool_images = torch.cat([p.images for p in train + test])
+    pool_labels = torch.cat([labels.train_labels, labels.test_labels])
+    # Keep only the samples some client uses, so device memory follows the federation, not the source.
+    used = torch.unique(torch.cat([torch.cat([c.train, c.val, c.test]) for c in partition.clients]))
+    remap = torch.full((pool_labels.numel(),), -1, dtype=torch.long)
+    remap[used] = torch.arange(used.numel())
+    splits = tuple(
+        {name: remap[getattr(c, name)].to(device) for name in SPLITS} for c in partition.clients
+    )
+    return FederatedData(
+        images=pool_images[used].to(device),
+        labels=pool_labels[used].to(device),
+        splits=splits,
+        classes=classes,
+        train_transform=build_transform(dataset_cfg.get("train_transform")),
+        test_transform=build_transform(dataset_cfg.get("test_transform")),
+        partition=partition,
+        pool_labels_full=pool_labels,
+    )

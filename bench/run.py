@@ -1,0 +1,197 @@
+"""Run one experiment from a config: ``python -m bench.run method=fedavg dataset=digits seed=0``.
+
+Hydra composes the config from ``conf/``; multirun (``-m seed=0,1,2 method=fedavg,local``) fans out.
+The run directory is derived from the config (``<out_dir>/<exp>/<method>/<dataset>-<scheme>-s<seed>-<hash>``),
+so the same command finds its own directory again: a finished run is reused, a killed one resumes from
+its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import methods  # noqa: F401  (registers every method)
+
+from bench.data import build_federated_data
+from bench.engine import METHODS, Engine, EngineConfig, Federation, hyperparameters
+from bench.flat import FlatModel
+from bench.models import MODELS, build_model, load_pretrained
+from bench.records import RunDir, atomic_write_json, atomic_write_text
+from bench.seeding import derive_seed
+from bench.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
+from datasets.partition import PARTITIONERS
+from datasets.sources import SOURCES
+
+#: config keys that do not change what is computed (excluded from the run's identity)
+NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "cache_dir",
+                "data_root", "hydra", "dataset.root", "dataset.download")
+
+
+def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return json.loads(json.dumps(cfg))
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """sha256 over the semantic part of the resolved config."""
+    semantic = json.loads(json.dumps(cfg))
+    for key in NON_SEMANTIC:
+        node, *rest = key.split(".")
+        if rest:
+            semantic.get(node, {}).pop(rest[0], None)
+        else:
+            semantic.pop(node, None)
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()
+
+
+def run_dir_for(cfg: Mapping[str, Any]) -> Path:
+    if cfg.get("run_dir"):
+        return Path(cfg["run_dir"])
+    name = f"{cfg['dataset']['name']}-{cfg['partition']['scheme']}-s{cfg['seed']}-{config_hash(cfg)[:10]}"
+    return Path(cfg["out_dir"]) / cfg.get("exp", "default") / cfg["method"]["name"] / name
+
+
+def validate(cfg: Mapping[str, Any]) -> None:
+    """Check names and values before anything is loaded or launched; errors name the key and the fix."""
+    method = cfg["method"]
+    hyperparameters(METHODS.get(method["name"]), {k: v for k, v in method.items() if k != "name"})
+    MODELS.get(cfg["model"]["name"])
+    for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:
+        SOURCES.get(source)
+    PARTITIONERS.get(cfg["partition"]["scheme"])
+    engine_config(cfg)
+    if cfg["num_clients"] < 1:
+        raise ValueError(f"num_clients={cfg['num_clients']} is invalid: it must be >= 1")
+    primary = cfg["eval"]["primary"]
+    for key, allowed in (("stage", STAGES), ("selection", SELECTIONS), ("weighting", WEIGHTINGS)):
+        if primary[key] not in allowed:
+            raise ValueError(f"eval.primary.{key}={primary[key]!r} is invalid: use one of {list(allowed)}")
+    if primary["selection"] == "best_val" and not cfg["partition"].get("val_fraction"):
+        raise ValueError("eval.primary.selection=best_val needs a validation split: set partition.val_fraction > 0")
+    if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
+
+
+def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
+    return EngineConfig(
+        rounds=int(cfg["rounds"]),
+        participation=float(cfg["participation"]),
+        eval_every=int(cfg["eval"]["every"]),
+        eval_batch_size=int(cfg["eval"]["batch_size"]),
+        checkpoint_every_rounds=int(cfg["checkpoint"]["every_rounds"]),
+        checkpoint_every_seconds=float(cfg["checkpoint"]["every_seconds"]),
+        seed=int(cfg["seed"]),
+    )
+
+
+def configure_torch(cfg: Mapping[str, Any]) -> torch.device:
+    threads = cfg.get("threads") or os.environ.get("SLURM_CPUS_PER_TASK")
+    if threads:
+        torch.set_num_threads(int(threads))
+    device = torch.device(cfg["device"])
+    if device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return device
+
+
+def build_worker(cfg: Mapping[str, Any], num_classes: int, in_channels: int, image_size: int,
+                 device: torch.device) -> FlatModel:
+    """The initial model, a pure function of (model config, seed), wrapped as the shared worker."""
+    model_cfg = cfg["model"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg["seed"], "init"))
+        module = build_model(model_cfg["name"], num_classes=num_classes, in_channels=in_channels,
+                             image_size=image_size, width=float(model_cfg.get("width", 1.0)),
+                             **dict(model_cfg.get("options") or {}))
+    if model_cfg.get("pretrained"):
+        load_pretrained(module, model_cfg["pretrained"])
+    return FlatModel(module.to(device))
+
+
+def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """Run (or resume, or reuse) one experiment; returns its summary."""
+    conf = to_container(cfg)
+    validate(conf)
+    run = RunDir(run_dir_for(conf))
+    if run.is_complete():
+        return json.loads(run.summary.read_text())
+    digest = config_hash(conf)
+    run.path.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    device = configure_torch(conf)
+    started = time.time()
+    data = build_federated_data(conf["dataset"], conf["partition"], num_clients=conf["num_clients"],
+                                data_seed=int(conf["data_seed"]), data_root=conf.get("data_root"),
+                                cache_dir=conf.get("cache_dir"), device=device)
+    worker = build_worker(conf, data.num_classes, data.in_channels, data.image_size, device)
+    method_cls = METHODS.get(conf["method"]["name"])
+    hp = hyperparameters(method_cls, {k: v for k, v in conf["method"].items() if k != "name"})
+    fed = Federation(conf["num_clients"], data.sizes("train"), worker, conf["train"], device, int(conf["seed"]))
+    method = method_cls(fed, hp)
+    callbacks = make_callbacks(conf, run)
+    engine = Engine(engine_config(conf), data, method, run, digest, callbacks)
+    results = engine.run()
+    primary = conf["eval"]["primary"]
+    summary = {
+        "complete": True,
+        "schema": 1,
+        "method": conf["method"]["name"],
+        "dataset": conf["dataset"]["name"],
+        "partition": conf["partition"]["scheme"],
+        "exp": conf.get("exp", "default"),
+        "seed": conf["seed"],
+        "data_seed": conf["data_seed"],
+        "rounds": conf["rounds"],
+        "num_clients": conf["num_clients"],
+        "config_hash": digest,
+        "protocol": dict(primary),
+        "primary": dict(pick(results, primary["stage"], primary["selection"], primary["weighting"])),
+        "results": results,
+    }
+    atomic_write_json(run.summary, summary)
+    atomic_write_json(run.timing, {"wall_seconds": time.time() - started, "device": str(device),
+                                   "threads": torch.get_num_threads()})
+    for cb in callbacks:
+        cb.on_end(summary)
+    return summary
+
+
+def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:
+    from bench.progress import ProgressBar
+    from bench.wandb_logger import WandbLogger
+
+    callbacks: list[Any] = [ProgressBar(conf["rounds"], disable=bool(conf.get("quiet")),
+                                        desc=f"{conf['method']['name']} s{conf['seed']}")]
+    if conf["logger"]["wandb"]["mode"] != "disabled":
+        callbacks.append(WandbLogger(conf, run))
+    return callbacks
+
+
+def main() -> None:
+    import hydra
+
+    @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+    def _app(cfg: DictConfig) -> None:
+        summary = execute(cfg)
+        p = summary["primary"]
+        if not cfg.get("quiet"):
+            print(f"{summary['method']} seed={summary['seed']}: {p['acc']:.2f}% "
+                  f"({p['stage']}, {p['selection']} round {p['round']}, {p['weighting']})")
+
+    _app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

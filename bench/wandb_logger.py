@@ -1,0 +1,68 @@
+"""Optional Weights & Biases logging (``logger.wandb.mode=disabled|offline|online``).
+
+A run logs its resolved config, one history row per round (mean accuracies and losses per stage and
+split, train loss, method metrics) and the summary. The W&B run id is derived from the run directory,
+so a resumed run continues the same W&B run. Offline runs land under ``<run_dir>/wandb`` and can be
+uploaded later with ``wandb sync <run_dir>/wandb/offline-run-*``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.records import RunDir
+
+
+def history_row(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Flatten one round's records into scalar W&B metrics."""
+    row: dict[str, float] = {}
+    for rec in records:
+        if rec["kind"] == "eval":
+            prefix = f"{rec['stage']}/{rec['split']}"
+            for key in ("mean_acc", "weighted_acc", "mean_loss", "weighted_loss"):
+                row[f"{prefix}/{key}"] = rec[key]
+        elif rec["kind"] == "train":
+            row["train/mean_loss"] = rec["mean_loss"]
+            row["train/lr"] = rec["lr"]
+        elif rec["kind"] == "method":
+            row.update({f"method/{k}": v for k, v in rec.items()
+                        if k not in ("kind", "round") and isinstance(v, int | float)})
+    return row
+
+
+class WandbLogger:
+    def __init__(self, conf: Mapping[str, Any], run: RunDir) -> None:
+        import wandb
+
+        opts = conf["logger"]["wandb"]
+        run_id = hashlib.sha256(str(run.path.resolve()).encode()).hexdigest()[:16]
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.run = wandb.init(
+            project=opts.get("project") or "pflrepro",
+            entity=opts.get("entity"),
+            group=opts.get("group") or f"{conf.get('exp', 'default')}",
+            job_type=conf["method"]["name"],
+            tags=[str(t) for t in (opts.get("tags") or [])] + [
+                f"dataset:{conf['dataset']['name']}", f"partition:{conf['partition']['scheme']}",
+                f"seed:{conf['seed']}"],
+            name=run.path.name,
+            id=run_id,
+            resume="allow",
+            mode=opts["mode"],
+            dir=str(opts.get("dir") or run.path),
+            config=dict(conf),
+        )
+
+    def on_round(self, round_: int, records: Sequence[Mapping[str, Any]]) -> None:
+        self.run.log(history_row(records), step=round_)
+
+    def on_end(self, summary: Mapping[str, Any]) -> None:
+        primary = summary["primary"]
+        self.run.summary.update({"primary/acc": primary["acc"], "primary/round": primary["round"],
+                                 "protocol": "/".join(str(v) for v in summary["protocol"].values())})
+        for r in summary["results"]:
+            self.run.summary[f"{r['stage']}/{r['selection']}/{r['weighting']}/acc"] = r["acc"]
+        self.run.finish()

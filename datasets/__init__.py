@@ -1,0 +1,1 @@
+"""Data sources, batch augmentations, partitioners and partition reports."""

@@ -1,0 +1,51 @@
+"""FedAvg (McMahan et al., 2017): clients train from the global model; the server averages.
+
+Server update: w^{t+1} = sum_k (n_k / n) w_k^t over the round's participants (spec section 5). Floating
+buffers (BatchNorm running statistics) are averaged like parameters, as averaging the state dict does.
+'pre' is each participant's locally trained model, 'post' the new global model on every client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bench.engine import METHODS, ClientRound, Method
+from bench.flat import FlatModel
+
+
+class WeightedMean:
+    """Running sum of n_k * vector_k in float64; identical inputs average back to exactly themselves."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.weight = 0.0
+
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        if self.total is None:
+            self.total = torch.zeros_like(vector, dtype=torch.float64)
+        self.total.add_(vector.double(), alpha=weight)
+        self.weight += weight
+
+    def result(self, dtype: torch.dtype) -> torch.Tensor:
+        assert self.total is not None, "no vector was added"
+        return (self.total / self.weight).to(dtype)
+
+
+@METHODS.register("fedavg")
+class FedAvg(Method):
+    def setup(self, init: torch.Tensor) -> None:
+        self.state["global"] = init
+
+    def client_model(self, cid: int) -> torch.Tensor:
+        return self.state["global"]
+
+    def begin_round(self, round_: int, participants: Sequence[int]) -> None:
+        self._mean = WeightedMean()
+
+    def upload(self, task: ClientRound, model: FlatModel) -> None:
+        self._mean.add(model.vector, float(self.fed.train_sizes[task.cid]))
+
+    def aggregate(self, round_: int, participants: Sequence[int]) -> None:
+        self.state["global"] = self._mean.result(self.state["global"].dtype)

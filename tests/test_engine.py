@@ -1,0 +1,177 @@
+"""Engine invariants, records and determinism on tiny synthetic federations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.data import FederatedData
+from bench.engine import Engine, Federation, hyperparameters
+from bench.records import RunDir
+from bench.run import build_worker, engine_config, execute, run_dir_for, to_container
+from datasets.augment import build_transform
+from datasets.sources import load_source
+from methods import METHODS
+from tests.helpers import config
+
+
+def final_state(summary_dir: Path) -> dict:
+    return torch.load(summary_dir / "checkpoint.pt", weights_only=False)["method"]
+
+
+def run(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
+    cfg = config(tmp_path, *overrides)
+    summary = execute(cfg)
+    return summary, run_dir_for(to_container(cfg))
+
+
+def test_fedavg_with_one_client_equals_that_clients_local_training(tmp_path):
+    _, avg_dir = run(tmp_path, "method=fedavg", "num_clients=1", "rounds=4", "train.epochs=2")
+    _, loc_dir = run(tmp_path, "method=local", "num_clients=1", "rounds=4", "train.epochs=2")
+    assert torch.equal(final_state(avg_dir)["global"], final_state(loc_dir)["models"][0])
+    post = [r for r in RunDir(avg_dir).records() if r["kind"] == "eval" and r["stage"] == "post"]
+    local_post = [r for r in RunDir(loc_dir).records() if r["kind"] == "eval" and r["stage"] == "post"]
+    assert [r["acc"] for r in post] == [r["acc"] for r in local_post]
+
+
+def shared_data_federation(num_clients: int) -> FederatedData:
+    """``num_clients`` clients that all hold the very same 40 training and 20 test samples."""
+    train = load_source("synthetic", "train", num_train=40, num_test=20, num_classes=4)
+    test = load_source("synthetic", "test", num_train=40, num_test=20, num_classes=4)
+    images = torch.cat([train.images, test.images])
+    labels = torch.cat([train.labels, test.labels])
+    split = {"train": torch.arange(40), "val": torch.arange(0), "test": torch.arange(40, 60)}
+    return FederatedData(images, labels, tuple(dict(split) for _ in range(num_clients)), train.classes,
+                         build_transform(None), build_transform(None), None, labels)  # type: ignore[arg-type]
+
+
+def train_on_shared_data(tmp_path: Path, method: str, num_clients: int) -> torch.Tensor:
+    # full-batch gradient descent: every client computes the same update (up to summation order)
+    cfg = to_container(config(tmp_path, f"method={method}", "rounds=5", "train.batch_size=40", "train.epochs=3"))
+    data = shared_data_federation(num_clients)
+    worker = build_worker(cfg, 4, 1, 8, torch.device("cpu"))
+    method_cls = METHODS.get(method)
+    fed = Federation(num_clients, data.sizes("train"), worker, cfg["train"], torch.device("cpu"), 0)
+    m = method_cls(fed, hyperparameters(method_cls, {}))
+    Engine(engine_config(cfg), data, m, RunDir(tmp_path / f"{method}{num_clients}"), "h").run()
+    return m.client_model(0).clone()
+
+
+def test_fedavg_on_identical_client_data_equals_local_training_on_that_data(tmp_path):
+    fedavg = train_on_shared_data(tmp_path, "fedavg", num_clients=3)
+    alone = train_on_shared_data(tmp_path, "local", num_clients=1)
+    assert not torch.equal(fedavg, build_worker(to_container(config(tmp_path)), 4, 1, 8, torch.device("cpu")).vector)
+    torch.testing.assert_close(fedavg, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_same_config_and_seed_give_byte_identical_records(tmp_path):
+    _, first = run(tmp_path / "a", "method=fedprox", "rounds=3")
+    _, second = run(tmp_path / "b", "method=fedprox", "rounds=3")
+    assert (first / "rounds.jsonl").read_bytes() == (second / "rounds.jsonl").read_bytes()
+    assert (first / "summary.json").read_bytes() == (second / "summary.json").read_bytes()
+    _, other_seed = run(tmp_path / "c", "method=fedprox", "rounds=3", "seed=1")
+    assert (first / "rounds.jsonl").read_bytes() != (other_seed / "rounds.jsonl").read_bytes()
+
+
+def test_data_seed_is_separate_from_training_seed(tmp_path):
+    cfg_a = to_container(config(tmp_path, "seed=0", "data_seed=7"))
+    cfg_b = to_container(config(tmp_path, "seed=1", "data_seed=7"))
+    assert cfg_a["data_seed"] == cfg_b["data_seed"] == 7
+    assert to_container(config(tmp_path, "seed=3"))["data_seed"] == 3  # default follows the seed
+    _, a = run(tmp_path, "seed=0", "data_seed=7")
+    _, b = run(tmp_path, "seed=1", "data_seed=7")
+    test_sizes = [[r["n"] for r in RunDir(d).records() if r["kind"] == "eval"] for d in (a, b)]
+    assert test_sizes[0] == test_sizes[1]
+
+
+def test_a_finished_run_is_reused_not_retrained(tmp_path):
+    summary, run_dir = run(tmp_path, "rounds=2")
+    before = (run_dir / "rounds.jsonl").stat().st_mtime_ns
+    again, _ = run(tmp_path, "rounds=2")
+    assert again == summary
+    assert (run_dir / "rounds.jsonl").stat().st_mtime_ns == before
+
+
+def test_record_schema_and_eval_schedule(tmp_path):
+    summary, run_dir = run(tmp_path, "rounds=5", "eval.every=2", "participation=0.5")
+    records = RunDir(run_dir).records()
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["round"] for r in train] == [1, 2, 3, 4, 5]
+    assert all(len(r["clients"]) == 2 for r in train)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert sorted({r["round"] for r in evals}) == [2, 4, 5]
+    for r in evals:
+        assert r["split"] == "test"
+        assert len(r["acc"]) == len(r["clients"]) == len(r["n"]) == len(r["loss"])
+        assert r["mean_acc"] == pytest.approx(sum(r["acc"]) / len(r["acc"]))
+        weighted = sum(a * n for a, n in zip(r["acc"], r["n"], strict=True)) / sum(r["n"])
+        assert r["weighted_acc"] == pytest.approx(weighted)
+        assert len(r["clients"]) == (2 if r["stage"] == "pre" else 4)
+    pre_clients = {r["round"]: r["clients"] for r in evals if r["stage"] == "pre"}
+    assert all(pre_clients[t] == next(x["clients"] for x in train if x["round"] == t) for t in pre_clients)
+    post = {r["round"]: r["mean_acc"] for r in evals if r["stage"] == "post"}
+    assert summary["primary"]["acc"] == max(post.values())
+    assert summary["protocol"] == {"stage": "post", "selection": "best", "weighting": "unweighted"}
+    finals = [r for r in summary["results"] if r["selection"] == "final"]
+    assert {r["round"] for r in finals} == {5}
+
+
+def test_validation_split_gives_best_by_validation(tmp_path):
+    summary, run_dir = run(tmp_path, "rounds=4", "partition.val_fraction=0.25", "eval.primary.selection=best_val")
+    val = [r for r in RunDir(run_dir).records() if r["kind"] == "eval" and r["split"] == "val"]
+    assert val and all(sum(r["n"]) > 0 for r in val)
+    post_val = {r["round"]: r["mean_acc"] for r in val if r["stage"] == "post"}
+    best_round = max(sorted(post_val), key=lambda t: (post_val[t], -t))
+    assert summary["primary"]["selection"] == "best_val"
+    assert summary["primary"]["round"] == best_round
+    assert summary["primary"]["val_acc"] == post_val[best_round]
+
+
+def test_best_val_without_validation_split_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="val_fraction"):
+        execute(config(tmp_path, "eval.primary.selection=best_val"))
+
+
+def test_fedprox_with_mu_zero_is_fedavg_and_mu_pulls_towards_the_global_model(tmp_path):
+    _, avg = run(tmp_path, "method=fedavg", "rounds=2")
+    _, prox0 = run(tmp_path, "method=fedprox", "method.mu=0.0", "rounds=2")
+    _, prox = run(tmp_path, "method=fedprox", "method.mu=5.0", "rounds=2")
+    init = build_worker(to_container(config(tmp_path)), 4, 1, 8, torch.device("cpu")).vector
+    g_avg, g0, g = (final_state(d)["global"] for d in (avg, prox0, prox))
+    assert torch.equal(g_avg, g0)
+    assert (g - init).norm() < (g_avg - init).norm()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("method.name=fedsomething", "unknown method 'fedsomething'"),
+        ("participation=0", "participation=0"),
+        ("rounds=0", "rounds=0"),
+        ("eval.primary.stage=middle", "eval.primary.stage='middle'"),
+        ("+method.gamma=3", "no hyperparameter"),
+        ("model.name=vgg99", "unknown model 'vgg99'"),
+        ("partition.scheme=zigzag", "unknown partition scheme 'zigzag'"),
+    ],
+)
+def test_bad_config_is_refused_before_any_work(tmp_path, override, message):
+    with pytest.raises((ValueError, KeyError), match=message.replace("(", r"\(")):
+        execute(config(tmp_path, override))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_hyperparameter_names_the_config_file(tmp_path):
+    with pytest.raises(ValueError, match=r"needs hyperparameter\(s\) \['mu'\]"):
+        execute(config(tmp_path, "method=fedprox", "~method.mu"))
+
+
+def test_summary_json_is_labelled_with_protocols(tmp_path):
+    summary, run_dir = run(tmp_path, "rounds=2")
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk == summary and on_disk["complete"] is True
+    protocols = {(r["stage"], r["selection"], r["weighting"]) for r in on_disk["results"]}
+    assert protocols == {(s, sel, w) for s in ("pre", "post") for sel in ("final", "best")
+                         for w in ("unweighted", "weighted")}
