@@ -14,7 +14,6 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-
 from bench.records import read_jsonl
 from bench.summary import pick
 

@@ -21,7 +21,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import methods  # noqa: F401  (registers every method)
-
 from bench.data import build_federated_data
 from bench.engine import METHODS, Engine, EngineConfig, Federation, hyperparameters
 from bench.flat import FlatModel
