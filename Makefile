@@ -32,7 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup
-	$(PY) scripts/bench.py --out results/bench
+	$(PY) scripts/benchmark.py --out results/bench
 
 clean-runs:
 	rm -rf runs cache results/demo/runs

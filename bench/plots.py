@@ -19,12 +19,11 @@ STYLE = {"figure.dpi": 120, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.t
 
 def save(fig: plt.Figure, path: str | os.PathLike) -> list[Path]:
     """Save ``fig`` as ``path`` with .png and .pdf suffixes; returns both paths."""
-    base = Path(path).with_suffix("")
-    base.parent.mkdir(parents=True, exist_ok=True)
-    out = []
-    for ext in (".png", ".pdf"):
-        fig.savefig(base.with_suffix(ext), bbox_inches="tight")
-        out.append(base.with_suffix(ext))
+    base = str(path).removesuffix(".png").removesuffix(".pdf")
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    out = [Path(base + ext) for ext in (".png", ".pdf")]
+    for target in out:
+        fig.savefig(target, bbox_inches="tight")
     plt.close(fig)
     return out
 

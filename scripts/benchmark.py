@@ -9,7 +9,7 @@ Workloads: ``fedcac`` = 40 clients x 500 samples of 3x32x32, batch 100, 5 local 
 SGD lr 0.1 momentum 0.9 (FedCAC's CIFAR-10 setting, synthetic images); ``small`` = the same federation
 shape on 1x8x8 images with the small CNN.
 
-Usage: ``python scripts/bench.py [--workloads fedcac small] [--rounds 2] [--clients 40] [--out results/bench]``
+Usage: ``python scripts/benchmark.py [--workloads fedcac small] [--rounds 2] [--clients 40] [--out results/bench]``
 """
 
 from __future__ import annotations
