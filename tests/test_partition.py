@@ -45,8 +45,9 @@ def test_determinism_and_seed_independence_from_global_rng(scheme):
     np.random.seed(123)
     b = make_partition(scheme, LABELS, 10, seed=5, **SETTINGS[scheme])
     c = make_partition(scheme, LABELS, 10, seed=6, **SETTINGS[scheme])
-    same = all(torch.equal(x.train, y.train) and torch.equal(x.test, y.test) for x, y in zip(a.clients, b.clients))
-    diff = any(not torch.equal(x.train, y.train) for x, y in zip(a.clients, c.clients))
+    pairs = zip(a.clients, b.clients, strict=True)
+    same = all(torch.equal(x.train, y.train) and torch.equal(x.test, y.test) for x, y in pairs)
+    diff = any(not torch.equal(x.train, y.train) for x, y in zip(a.clients, c.clients, strict=True))
     assert same and diff
     for client in a.clients:
         assert client.train.dtype == torch.int64
