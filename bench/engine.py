@@ -147,21 +147,29 @@ class Method:
         cfg = self.fed.train
         trainable = list(model.parameters() if params is None else params)
         optimizer = make_optimizer(trainable, cfg, task.lr if lr is None else lr)
+        chosen = {id(p) for p in trainable}
+        frozen = [p for p in model.parameters() if id(p) not in chosen and p.requires_grad]
+        for p in frozen:  # no gradient work for what is not trained
+            p.requires_grad_(False)
         model.module.train()
         total, batches = torch.zeros((), device=self.fed.device), 0
-        for _ in range(cfg["epochs"] if epochs is None else epochs):
-            for x, y in task.data.batches(
-                "train", cfg["batch_size"], task.generator, drop_last=cfg.get("drop_last", False)
-            ):
-                optimizer.zero_grad(set_to_none=True)
-                loss = self.loss(task, model, x, y)
-                loss.backward()
-                self.before_step(task, model)
-                if cfg.get("grad_clip"):
-                    nn.utils.clip_grad_norm_(trainable, cfg["grad_clip"])
-                optimizer.step()
-                total += loss.detach()
-                batches += 1
+        try:
+            for _ in range(cfg["epochs"] if epochs is None else epochs):
+                for x, y in task.data.batches(
+                    "train", cfg["batch_size"], task.generator, drop_last=cfg.get("drop_last", False)
+                ):
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = self.loss(task, model, x, y)
+                    loss.backward()
+                    self.before_step(task, model)
+                    if cfg.get("grad_clip"):
+                        nn.utils.clip_grad_norm_(trainable, cfg["grad_clip"])
+                    optimizer.step()
+                    total += loss.detach()
+                    batches += 1
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
         return float(total) / max(batches, 1)
 
     def weights(self, clients: Sequence[int]) -> torch.Tensor:

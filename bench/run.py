@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import methods  # noqa: F401  (registers every method)
+from bench.collect import partition_label
 from bench.data import build_federated_data
 from bench.engine import METHODS, Engine, EngineConfig, Federation, hyperparameters
 from bench.flat import FlatModel
@@ -29,6 +30,7 @@ from bench.records import RunDir, atomic_write_json, atomic_write_text
 from bench.seeding import derive_seed
 from bench.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
 from datasets.partition import PARTITIONERS
+from datasets.partition_report import write_partition_report
 from datasets.sources import SOURCES
 
 #: config keys that do not change what is computed (excluded from the run's identity)
@@ -68,7 +70,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
     MODELS.get(cfg["model"]["name"])
     for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:
         SOURCES.get(source)
-    PARTITIONERS.get(cfg["partition"]["scheme"])
+    accepted = set(PARTITIONERS.get(cfg["partition"]["scheme"]).defaults) | {"scheme", "val_fraction"}
+    unknown = sorted(set(cfg["partition"]) - accepted)
+    if unknown:
+        raise ValueError(f"partition scheme {cfg['partition']['scheme']!r} has no parameter(s) {unknown}; "
+                         f"it accepts {sorted(accepted)}")
     engine_config(cfg)
     if cfg["num_clients"] < 1:
         raise ValueError(f"num_clients={cfg['num_clients']} is invalid: it must be >= 1")
@@ -134,6 +140,10 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     data = build_federated_data(conf["dataset"], conf["partition"], num_clients=conf["num_clients"],
                                 data_seed=int(conf["data_seed"]), data_root=conf.get("data_root"),
                                 cache_dir=conf.get("cache_dir"), device=device)
+    if not (run.path / "partition" / "class_counts.csv").exists():
+        title = f"{conf['dataset']['name']}: {partition_label(conf['partition'])}"
+        write_partition_report(data.partition, data.pool_labels_full, data.num_classes, run.path / "partition",
+                               class_names=data.classes, title=title)
     worker = build_worker(conf, data.num_classes, data.in_channels, data.image_size, device)
     method_cls = METHODS.get(conf["method"]["name"])
     hp = hyperparameters(method_cls, {k: v for k, v in conf["method"].items() if k != "name"})

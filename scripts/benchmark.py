@@ -47,8 +47,8 @@ WORKLOADS = {
 
 
 def workload_config(name: str, clients: int) -> dict[str, Any]:
-    overrides = ["dataset=synthetic", "dataset.options.num_classes=10", f"dataset.options.num_train={clients * 500}",
-                 f"dataset.options.num_test={clients * 100}", "partition=pathological", "partition.n_train=500",
+    overrides = ["dataset=synthetic", "dataset.options.num_classes=10", f"dataset.options.num_train={max(clients, 10) * 500}",
+                 f"dataset.options.num_test={max(clients, 10) * 100}", "partition=pathological", "partition.n_train=500",
                  "partition.n_test=100", f"num_clients={clients}", "method=fedavg", "cache_dir=null",
                  "quiet=true", *WORKLOADS[name]]
     return to_container(compose_config(overrides))
@@ -112,11 +112,12 @@ def naive_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
     return times[1:]
 
 
-def peak_rss_mb(workload: str, variant: str, clients: int) -> float:
-    """Max RSS (MB) of a child process that runs one round of ``variant``."""
+def peak_rss_mb(workload: str, variant: str, clients: int) -> tuple[float, float]:
+    """(max RSS, its growth during training) in MB of a child process that runs two rounds of ``variant``."""
     out = subprocess.run([sys.executable, __file__, "--child", variant, "--workloads", workload,
-                          "--clients", str(clients), "--rounds", "1"], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+                          "--clients", str(clients)], capture_output=True, text=True, check=True)
+    peak, growth = out.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(growth)
 
 
 def main() -> None:
@@ -129,28 +130,33 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         cfg = workload_config(args.workloads[0], args.clients)
-        (engine_rounds if args.child == "engine" else naive_rounds)(cfg, 0)
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        (engine_rounds if args.child == "engine" else naive_rounds)(cfg, 1)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(after, after - before)
         return
     results = []
     for name in args.workloads:
         cfg = workload_config(name, args.clients)
         ours = statistics.median(engine_rounds(cfg, args.rounds))
         naive = statistics.median(naive_rounds(cfg, args.rounds))
+        engine_peak, engine_growth = peak_rss_mb(name, "engine", args.clients)
+        naive_peak, naive_growth = peak_rss_mb(name, "naive", args.clients)
         row = {"workload": name, "clients": args.clients, "engine_s_per_round": round(ours, 3),
                "naive_s_per_round": round(naive, 3), "speedup": round(naive / ours, 3),
-               "engine_peak_rss_mb": round(peak_rss_mb(name, "engine", args.clients), 1),
-               "naive_peak_rss_mb": round(peak_rss_mb(name, "naive", args.clients), 1)}
+               "engine_peak_rss_mb": round(engine_peak, 1), "engine_training_rss_growth_mb": round(engine_growth, 1),
+               "naive_peak_rss_mb": round(naive_peak, 1), "naive_training_rss_growth_mb": round(naive_growth, 1)}
         results.append(row)
         print(json.dumps(row), flush=True)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
             "processor": platform.processor(), "rounds_timed": args.rounds, "results": results}
     out = Path(args.out)
     atomic_write_json(out / "bench.json", meta)
-    lines = ["| workload | clients | engine s/round | naive s/round | naive/engine | engine peak RSS MB | "
-             "naive peak RSS MB |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | clients | engine s/round | naive s/round | naive/engine | peak RSS MB engine (training growth) "
+             "| peak RSS MB naive (training growth) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['clients']} | {r['engine_s_per_round']} | {r['naive_s_per_round']} | "
-              f"{r['speedup']} | {r['engine_peak_rss_mb']} | {r['naive_peak_rss_mb']} |" for r in results]
+              f"{r['speedup']} | {r['engine_peak_rss_mb']} (+{r['engine_training_rss_growth_mb']}) | "
+              f"{r['naive_peak_rss_mb']} (+{r['naive_training_rss_growth_mb']}) |" for r in results]
     atomic_write_text(out / "bench.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -155,10 +155,11 @@ def test_fedprox_with_mu_zero_is_fedavg_and_mu_pulls_towards_the_global_model(tm
         ("+method.gamma=3", "no hyperparameter"),
         ("model.name=vgg99", "unknown model 'vgg99'"),
         ("partition.scheme=zigzag", "unknown partition scheme 'zigzag'"),
+        ("+partition.colour=red", r"has no parameter\(s\) \['colour'\]"),
     ],
 )
 def test_bad_config_is_refused_before_any_work(tmp_path, override, message):
-    with pytest.raises((ValueError, KeyError), match=message.replace("(", r"\(")):
+    with pytest.raises((ValueError, KeyError), match=message):
         execute(config(tmp_path, override))
     assert not (tmp_path / "runs").exists()
 
@@ -172,6 +173,8 @@ def test_summary_json_is_labelled_with_protocols(tmp_path):
     summary, run_dir = run(tmp_path, "rounds=2")
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk == summary and on_disk["complete"] is True
+    counts = (run_dir / "partition" / "class_counts.csv").read_text().splitlines()
+    assert len(counts) == 1 + 4 * 3 and (run_dir / "partition" / "partition.png").exists()
     protocols = {(r["stage"], r["selection"], r["weighting"]) for r in on_disk["results"]}
     assert protocols == {(s, sel, w) for s in ("pre", "post") for sel in ("final", "best")
                          for w in ("unweighted", "weighted")}

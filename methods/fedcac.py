@@ -1,0 +1,165 @@
+"""FedCAC, "Bold but Cautious" (Wu et al., ICCV 2023): critical parameters collaborate only with similar
+clients, non-critical parameters with everyone (spec section 1; equation numbers are the paper's).
+
+Per round t (1-based), for each client i:
+  Eq. 5   s = |(theta^{t,E} - theta^{t,0}) * theta^{t,E}|              sensitivity of every parameter
+  Eq. 6   M_i = 1[s >= k-th largest s], k = floor(tau n_j), per parameter tensor j (ties: a few more)
+Server:
+          O_ij = 1 - ||c_i - c_j||_1 / (2 ||c_i||_1)                     overlap of critical masks (code)
+  Eq. 7   Thr^t = O_avg + (t / beta) (O_max - O_avg)
+  Eq. 8   C_i = {j != i : O_ij >= Thr^t}                                 collaborators
+  Eq. 9   w_bar = sum_i n_i w_i / sum_i n_i                              global model
+  Eq. 10  u_i = mean of w_j over j in C_i + {i}                          customized model
+  Eq. 11  w_i <- M_i * u_i + (1 - M_i) * w_bar                           over nn.Parameters
+BatchNorm statistics stay each client's own (code); ``bn_stats=critical`` is the paper's reading.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.engine import METHODS, ClientRound, Method
+from bench.flat import FlatModel
+
+CHOICES = {
+    "selection": ("sensitivity", "random", "reverse"),
+    "collaboration": ("time_varying", "top_k", "none"),
+    "noncritical": ("all", "as_critical"),
+    "overlap": ("code", "paper"),
+    "bn_stats": ("local", "critical"),
+}
+
+
+@dataclass(frozen=True)
+class FedCACHyper:
+    tau: float  # fraction of each parameter tensor marked critical
+    beta: float  # collaboration horizon in rounds (Eq. 7)
+    selection: str  # sensitivity (Eq. 5) | random | reverse (least sensitive): Fig. 3
+    collaboration: str  # time_varying (Eq. 7-8) | top_k | none: Fig. 4
+    top_k: int  # collaborators per client when collaboration=top_k
+    noncritical: str  # all: global model (Eq. 11) | as_critical: customized model too (Table 3)
+    overlap: str  # code: 1 - ||c_i - c_j|| / (2 |c_i|) | paper: ||M_i - M_j|| / (2 n)
+    bn_stats: str  # local (code) | critical: taken from the customized model (paper)
+    overlap_matrix_every: int  # record the overlap matrix every K rounds (0 = never)
+
+    def __post_init__(self) -> None:
+        for key, allowed in CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: use one of {list(allowed)}")
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"method.tau={self.tau} is invalid: it must be in [0, 1]")
+        if self.beta <= 0:
+            raise ValueError(f"method.beta={self.beta} is invalid: it must be > 0")
+
+
+def critical_mask(score: torch.Tensor, tau: float, reverse: bool = False) -> torch.Tensor:
+    """Eq. 6 on one tensor's scores: entries at or above the k-th largest (k = floor(tau n)).
+
+    As in the official code, a threshold <= 1e-10 is replaced by the smallest score > 1e-20 (an all-zero
+    tensor then becomes wholly critical). ``reverse`` marks the k least sensitive entries instead.
+    """
+    k = math.floor(tau * score.numel() + 1e-9)
+    if k == 0:
+        return torch.zeros_like(score, dtype=torch.bool)
+    if reverse:
+        return score <= torch.topk(score, k, largest=False).values[-1]
+    threshold = torch.topk(score, k).values[-1]
+    if threshold <= 1e-10:
+        positive = score[score > 1e-20]
+        threshold = positive.min() if positive.numel() else threshold.new_zeros(())
+    return score >= threshold
+
+
+def overlaps(masks: torch.Tensor, definition: str = "code", chunk: int = 1 << 20) -> torch.Tensor:
+    """O_ij for boolean masks [N, P]; exact counts, computed in column chunks to bound memory."""
+    n = masks.shape[0]
+    both = torch.zeros(n, n, dtype=torch.float64, device=masks.device)
+    for start in range(0, masks.shape[1], chunk):
+        block = masks[:, start:start + chunk].float()
+        both += (block @ block.T).double()
+    size = masks.sum(1).double()
+    distance = size[:, None] + size[None, :] - 2 * both  # ||c_i - c_j||_1
+    if definition == "paper":
+        return distance / (2 * masks.shape[1])
+    return 1 - distance / (2 * size[:, None]).clamp_min(1)
+
+
+def collaborators(overlap: torch.Tensor, round_: int, hp: FedCACHyper) -> tuple[list[list[int]], dict[str, Any]]:
+    """C_i for every client (Eq. 7-8, or the top-k / none ablations) and the round's statistics."""
+    n = overlap.shape[0]
+    off = ~torch.eye(n, dtype=torch.bool, device=overlap.device)
+    pairs = overlap[off]
+    o_avg, o_max = (float(pairs.mean()), float(pairs.max())) if n > 1 else (0.0, 0.0)
+    threshold = o_avg + (round_ / hp.beta) * (o_max - o_avg)
+    groups = []
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        if hp.collaboration == "time_varying":
+            groups.append([j for j in others if float(overlap[i, j]) >= threshold])
+        elif hp.collaboration == "top_k":
+            ranked = sorted(others, key=lambda j, i=i: (-float(overlap[i, j]), j))
+            groups.append(sorted(ranked[: hp.top_k]))
+        else:
+            groups.append([])
+    sizes = [len(g) for g in groups]
+    stats = {"threshold": threshold, "o_avg": o_avg, "o_max": o_max, "collaborators_mean": sum(sizes) / n,
+             "collaborators_min": min(sizes), "collaborators_max": max(sizes)}
+    return groups, stats
+
+
+@METHODS.register("fedcac")
+class FedCAC(Method):
+    Hyper = FedCACHyper
+
+    def setup(self, init: torch.Tensor) -> None:
+        self.state["models"] = init.repeat(self.fed.num_clients, 1)
+
+    def client_model(self, cid: int) -> torch.Tensor:
+        return self.state["models"][cid]
+
+    def begin_round(self, round_: int, participants: Sequence[int]) -> None:
+        self._masks: dict[int, torch.Tensor] = {}
+        self._metrics: dict[str, Any] = {}
+
+    def upload(self, task: ClientRound, model: FlatModel) -> None:
+        trained = model.vector
+        scores = ((trained - task.start).abs() * trained.abs()) if self.hp.selection != "random" else \
+            torch.rand(trained.shape, generator=task.generator, device=task.generator.device).to(trained.device)
+        mask = torch.zeros(model.size, dtype=torch.bool, device=trained.device)
+        for entry in model.entries:
+            if entry.kind == "param":
+                mask[entry.slice] = critical_mask(scores[entry.slice], self.hp.tau, self.hp.selection == "reverse")
+        self._masks[task.cid] = mask
+        self.state["models"][task.cid] = trained  # the client's trained model w_i^t (task.start is now stale)
+
+    def aggregate(self, round_: int, participants: Sequence[int]) -> None:
+        models = self.state["models"]
+        params = self.fed.worker.param_mask
+        masks = torch.stack([self._masks[c] for c in participants])
+        overlap = overlaps(masks[:, params], self.hp.overlap)
+        groups, stats = collaborators(overlap, round_, self.hp)
+        weights = self.weights(participants).double()
+        global_model = (weights[:, None] * models[participants].double()).sum(0).to(models.dtype)  # Eq. 9
+        mixed = []
+        for row, cid in enumerate(participants):
+            members = [cid] + [participants[j] for j in groups[row]]
+            custom = models[members].mean(0)  # Eq. 10
+            shared = custom if self.hp.noncritical == "as_critical" else global_model
+            new = torch.where(masks[row], custom, shared)  # Eq. 11 on parameters
+            buffers = custom if self.hp.bn_stats == "critical" else models[cid]
+            mixed.append(torch.where(params, new, buffers))
+        models[participants] = torch.stack(mixed)
+        stats["critical_fraction"] = float(masks[:, params].float().mean())
+        every = self.hp.overlap_matrix_every
+        if every and round_ % every == 0:
+            stats["overlap_matrix"] = [[round(float(v), 6) for v in row] for row in overlap]
+            stats["overlap_clients"] = list(participants)
+        self._metrics = stats
+
+    def metrics(self, round_: int) -> dict[str, Any]:
+        return self._metrics

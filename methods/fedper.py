@@ -1,0 +1,19 @@
+"""FedPer (Arivazhagan et al., 2019): the head stays local, the body is averaged (spec section 5).
+
+Body and head are trained jointly every round; only ``body.*`` entries (including BatchNorm statistics)
+are averaged over the participants.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.engine import METHODS
+from bench.flat import FlatModel
+from methods._partial import PartialPersonalization, head_mask
+
+
+@METHODS.register("fedper")
+class FedPer(PartialPersonalization):
+    def personal_mask(self, model: FlatModel) -> torch.Tensor:
+        return head_mask(model)
