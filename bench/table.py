@@ -1,0 +1,237 @@
+"""Paper tables: expand a table spec into runs, run the missing ones, write ours beside the paper's.
+
+Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--seeds 0 1] [--dry-run]``
+
+A table spec (YAML)::
+
+    include: _setup.yaml     # optional: a shared file of the paper's folder merged underneath
+    paper: fedcac            # key into conf/paper/paper_tables.csv
+    table: "2"
+    title: ...
+    protocol: {stage: post, selection: best, weighting: unweighted}
+    seeds: [0, 1, 2, 3, 4]
+    base: [num_clients=40, ...]                  # Hydra overrides for every cell
+    columns:                                     # one per result column
+      - {name: "CIFAR-10 a=0.1", dataset: cifar10, model: resnet8,
+         overrides: [partition=dirichlet, partition.alpha=0.1], paper: {dataset: cifar10, setting: dir-0.1}}
+    rows:                                        # one per method (variant)
+      - {name: FedCAC, paper: FedCAC, overrides: [method=fedcac], by_dataset: {cifar100: [method.beta=170]}}
+    scales:
+      mini:                                      # stand-in on embedded data
+        seeds: [0, 1]
+        base: [...]                              # appended to base
+        datasets: {cifar10: digits, ...}         # stand-in dataset per paper dataset
+        model: small_cnn
+        dataset_overrides: {mnist5k: [dataset.image_size=14]}
+        rows: {FedCAC: [method.beta=4]}          # appended to that row's overrides
+
+A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells.
+
+Every cell's config is composed and validated before the first run starts, so a typo fails at once.
+Finished runs are reused (the run directory is a function of the config); only missing cells train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from bench.collect import markdown_table
+from bench.compose import compose_config
+from bench.records import RunDir, atomic_write_text
+from bench.run import execute, run_dir_for, to_container, validate
+from bench.summary import pick
+
+PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
+SCALES = ("mini", "paper")
+
+
+@dataclass(frozen=True)
+class Cell:
+    row: str
+    column: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+    raw = OmegaConf.load(path)
+    if "include" in raw:  # shared setup of a paper (base overrides, scales, rows), overridden by the spec
+        raw = OmegaConf.merge(OmegaConf.load(Path(path).parent / raw.pop("include")), raw)
+    spec = OmegaConf.to_container(raw, resolve=True)
+    for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
+        if key not in spec:
+            raise ValueError(f"table spec {path} lacks the key {key!r}")
+    return spec  # type: ignore[return-value]
+
+
+def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
+           out_dir: str = "runs") -> list[Cell]:
+    """Every (row, column, seed) cell with its full Hydra override list."""
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is invalid: use one of {list(SCALES)}")
+    mini = spec.get("scales", {}).get("mini", {}) if scale == "mini" else {}
+    if scale == "mini" and not mini:
+        raise ValueError(f"table {spec['paper']}/{spec['table']} has no mini scale")
+    seeds = list(seeds if seeds is not None else mini.get("seeds", spec["seeds"]))
+    proto = spec["protocol"]
+    common = [*spec.get("base", []), *mini.get("base", []),
+              f"eval.primary.stage={proto['stage']}", f"eval.primary.selection={proto['selection']}",
+              f"eval.primary.weighting={proto['weighting']}",
+              f"exp={spec['paper']}/table{spec['table']}/{scale}", f"out_dir={out_dir}"]
+    cells = []
+    for column in spec["columns"]:
+        dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
+        model = mini.get("model", column["model"]) if mini else column["model"]
+        data_extra = mini.get("dataset_overrides", {}).get(dataset, []) if mini else []
+        for row in spec["rows"]:
+            if row.get("unavailable"):
+                continue
+            row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []), *mini.get("rows", {}).get(row["name"], [])]
+            for seed in seeds:
+                overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
+                             *row["overrides"], *row_extra, f"seed={seed}")
+                cells.append(Cell(row["name"], column["name"], seed, overrides))
+    return cells
+
+
+def paper_numbers(spec: dict[str, Any]) -> dict[tuple[str, str], tuple[float, float | None, str]]:
+    """(row name, column name) -> (mean, std, source) from the project's copy of the published tables."""
+    frame = pd.read_csv(PAPER_TABLES)
+    frame = frame[(frame["paper"] == spec["paper"]) & (frame["table"].astype(str) == str(spec["table"]))]
+    out = {}
+    for column in spec["columns"]:
+        ref = column.get("paper") or {}
+        for row in spec["rows"]:
+            hit = frame[(frame["dataset"] == ref.get("dataset")) & (frame["setting"] == ref.get("setting"))
+                        & (frame["method"] == row.get("paper", row["name"]))]
+            if len(hit):
+                std = hit.iloc[0]["std"]
+                out[(row["name"], column["name"])] = (float(hit.iloc[0]["mean"]),
+                                                      None if pd.isna(std) else float(std), str(hit.iloc[0]["source"]))
+    return out
+
+
+def run_cells(cells: Sequence[Cell], *, dry_run: bool = False) -> dict[Cell, Path]:
+    """Compose and validate every cell first, then run the missing ones in order."""
+    configs = {}
+    for cell in cells:
+        cfg = to_container(compose_config(list(cell.overrides)))
+        validate(cfg)
+        configs[cell] = cfg
+    dirs = {cell: run_dir_for(cfg) for cell, cfg in configs.items()}
+    missing = [c for c in cells if not RunDir(dirs[c]).is_complete()]
+    print(f"{len(cells)} cells, {len(cells) - len(missing)} finished, {len(missing)} to run", flush=True)
+    if not dry_run:
+        for i, cell in enumerate(missing, 1):
+            try:
+                summary = execute(configs[cell])
+                print(f"[{i}/{len(missing)}] {cell.row} | {cell.column} | seed {cell.seed}: "
+                      f"{summary['primary']['acc']:.2f}", flush=True)
+            except Exception as err:  # noqa: BLE001 - one failed cell must not stop the table
+                print(f"[{i}/{len(missing)}] FAILED {cell.row} | {cell.column} | seed {cell.seed}: {err!r} "
+                      f"(run dir {dirs[cell]})", flush=True)
+    return dirs
+
+
+def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[pd.DataFrame, list[str]]:
+    """Per-cell mean/std over complete seeds, the paper's value and the difference; plus incomplete runs."""
+    proto = spec["protocol"]
+    values: dict[tuple[str, str], list[float]] = {}
+    problems = []
+    for cell, path in dirs.items():
+        run = RunDir(path)
+        if not run.is_complete():
+            state = "partial" if run.rounds.exists() else "missing"
+            problems.append(f"{state}: {cell.row} | {cell.column} | seed {cell.seed} ({path})")
+            continue
+        summary = json.loads(run.summary.read_text())
+        result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
+        values.setdefault((cell.row, cell.column), []).append(result["acc"])
+    published = paper_numbers(spec)
+    rows = []
+    for row in spec["rows"]:
+        for column in spec["columns"]:
+            if row.get("unavailable"):
+                problems.append(f"not run: {row['name']} | {column['name']}: {row['unavailable']}")
+            accs = values.get((row["name"], column["name"]), [])
+            mean = sum(accs) / len(accs) if accs else math.nan
+            std = pd.Series(accs).std() if len(accs) > 1 else math.nan
+            paper = published.get((row["name"], column["name"]))
+            rows.append({"method": row["name"], "column": column["name"], "mean": mean, "std": std,
+                         "seeds": len(accs), "paper_mean": paper[0] if paper else math.nan,
+                         "paper_std": paper[1] if paper and paper[1] is not None else math.nan,
+                         "paper_source": paper[2] if paper else ""})
+    frame = pd.DataFrame(rows)
+    frame["diff"] = frame["mean"] - frame["paper_mean"]
+    frame["beyond_2std"] = (frame["diff"].abs() > 2 * frame["std"]) & frame["std"].notna() & frame["diff"].notna()
+    return frame, problems
+
+
+def _fmt(mean: float, std: float) -> str:
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
+    """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
+    wide: dict[str, dict[str, str]] = {}
+    for r in frame.itertuples():
+        cells = wide.setdefault(r.method, {})
+        flag = " ⚑" if r.beyond_2std and scale == "paper" else ""
+        cells[f"{r.column} (ours)"] = _fmt(r.mean, r.std) + flag
+        cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std)
+    table = pd.DataFrame.from_dict(wide, orient="index")
+    table.index.name = "method"
+    proto = spec["protocol"]
+    lines = [f"# {spec['paper']} Table {spec['table']}: {spec.get('title', '')}", ""]
+    if scale == "mini":
+        lines += ["**Mini-scale stand-in**: embedded data sets in place of the paper's, fewer clients and rounds, "
+                  "a small model. The paper's columns are shown for orientation only; numbers are not comparable.",
+                  ""]
+    lines += [f"Protocol: stage={proto['stage']}, selection={proto['selection']}, weighting={proto['weighting']}; "
+              f"mean ± std over seeds (per-cell seed counts in the CSV). (paper) columns are the published "
+              "numbers" + ("; ⚑ marks a difference above two of our standard deviations." if scale == "paper"
+                            else "."), "", markdown_table(table), ""]
+    if problems:
+        lines += ["Not averaged in (missing, failed or partial runs):", *[f"- {p}" for p in problems], ""]
+    return "\n".join(lines)
+
+
+def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
+                results_dir: str | os.PathLike = "results") -> Path:
+    base = Path(results_dir) / spec["paper"] / f"table{spec['table']}{'' if scale == 'paper' else '_' + scale}"
+    atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
+    atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
+    return base.with_suffix(".md")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec")
+    parser.add_argument("--scale", default="mini", choices=SCALES)
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--out-dir", default="runs", help="where run directories go")
+    parser.add_argument("--results", default="results", help="where tables go")
+    parser.add_argument("--dry-run", action="store_true", help="validate and count cells, run nothing")
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec)
+    cells = expand(spec, args.scale, args.seeds, args.out_dir)
+    dirs = run_cells(cells, dry_run=args.dry_run)
+    if not args.dry_run:
+        frame, problems = collect(spec, args.scale, dirs)
+        print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)}")
+
+
+if __name__ == "__main__":
+    main()
