@@ -1,6 +1,6 @@
 """Paper tables: expand a table spec into runs, run the missing ones, write ours beside the paper's.
 
-Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--seeds 0 1] [--dry-run]``
+Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--seeds 0 1] [--dry-run] [-- device=cuda]``
 
 A table spec (YAML)::
 
@@ -74,8 +74,14 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     return spec  # type: ignore[return-value]
 
 
+def label(spec: dict[str, Any]) -> str:
+    """``table2`` for tables, ``fig3`` for figures (the spec's ``table`` may be "2" or "fig3")."""
+    name = str(spec["table"])
+    return name if name.startswith("fig") else f"table{name}"
+
+
 def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
-           out_dir: str = "runs") -> list[Cell]:
+           out_dir: str = "runs", extra: Sequence[str] = ()) -> list[Cell]:
     """Every (row, column, seed) cell with its full Hydra override list."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is invalid: use one of {list(SCALES)}")
@@ -87,7 +93,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
     common = [*spec.get("base", []), *mini.get("base", []),
               f"eval.primary.stage={proto['stage']}", f"eval.primary.selection={proto['selection']}",
               f"eval.primary.weighting={proto['weighting']}",
-              f"exp={spec['paper']}/table{spec['table']}/{scale}", f"out_dir={out_dir}"]
+              f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
     cells = []
     for column in spec["columns"]:
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
@@ -96,10 +102,11 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
         for row in spec["rows"]:
             if row.get("unavailable"):
                 continue
-            row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []), *mini.get("rows", {}).get(row["name"], [])]
+            row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
+                         *mini.get("rows", {}).get(row["name"], [])]
             for seed in seeds:
                 overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
-                             *row["overrides"], *row_extra, f"seed={seed}")
+                             *row["overrides"], *row_extra, *extra, f"seed={seed}")
                 cells.append(Cell(row["name"], column["name"], seed, overrides))
     return cells
 
@@ -194,7 +201,7 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
     table = pd.DataFrame.from_dict(wide, orient="index")
     table.index.name = "method"
     proto = spec["protocol"]
-    lines = [f"# {spec['paper']} Table {spec['table']}: {spec.get('title', '')}", ""]
+    lines = [f"# {spec['paper']} {label(spec)}: {spec.get('title', '')}", ""]
     if scale == "mini":
         lines += ["**Mini-scale stand-in**: embedded data sets in place of the paper's, fewer clients and rounds, "
                   "a small model. The paper's columns are shown for orientation only; numbers are not comparable.",
@@ -210,7 +217,7 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
 
 def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
                 results_dir: str | os.PathLike = "results") -> Path:
-    base = Path(results_dir) / spec["paper"] / f"table{spec['table']}{'' if scale == 'paper' else '_' + scale}"
+    base = Path(results_dir) / spec["paper"] / f"{label(spec)}{'' if scale == 'paper' else '_' + scale}"
     atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
     return base.with_suffix(".md")
@@ -224,9 +231,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out-dir", default="runs", help="where run directories go")
     parser.add_argument("--results", default="results", help="where tables go")
     parser.add_argument("--dry-run", action="store_true", help="validate and count cells, run nothing")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every cell, e.g. device=cuda")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
-    cells = expand(spec, args.scale, args.seeds, args.out_dir)
+    cells = expand(spec, args.scale, args.seeds, args.out_dir, args.overrides)
     dirs = run_cells(cells, dry_run=args.dry_run)
     if not args.dry_run:
         frame, problems = collect(spec, args.scale, dirs)

@@ -18,12 +18,12 @@ import argparse
 import copy
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,16 @@ WORKLOADS = {
 
 
 def workload_config(name: str, clients: int) -> dict[str, Any]:
-    overrides = ["dataset=synthetic", "dataset.options.num_classes=10", f"dataset.options.num_train={max(clients, 10) * 500}",
-                 f"dataset.options.num_test={max(clients, 10) * 100}", "partition=pathological", "partition.n_train=500",
+    pool = max(clients, 10)
+    overrides = ["dataset=synthetic", "dataset.options.num_classes=10", f"dataset.options.num_train={pool * 500}",
+                 f"dataset.options.num_test={pool * 100}", "partition=pathological", "partition.n_train=500",
                  "partition.n_test=100", f"num_clients={clients}", "method=fedavg", "cache_dir=null",
                  "quiet=true", *WORKLOADS[name]]
     return to_container(compose_config(overrides))
 
 
-def engine_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
+def engine_rounds(cfg: dict[str, Any], rounds: int, on_ready: Callable[[], None] = lambda: None
+                  ) -> list[float]:
     """Seconds per round of our engine (training + aggregation, no evaluation)."""
     device = torch.device("cpu")
     data = build_federated_data(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
@@ -67,6 +69,7 @@ def engine_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(engine_config(cfg), data, method, RunDir(tmp), "bench")
         method.setup(worker.read())
+        on_ready()
         times = []
         for t in range(1, rounds + 2):  # the first round is a warm-up
             start = time.perf_counter()
@@ -75,13 +78,14 @@ def engine_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
     return times[1:]
 
 
-def naive_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
+def naive_rounds(cfg: dict[str, Any], rounds: int, on_ready: Callable[[], None] = lambda: None) -> list[float]:
     """Seconds per round of the reference loop: deepcopy + DataLoader per client, state-dict averaging."""
     device = torch.device("cpu")
     data = build_federated_data(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
                                 data_seed=0, device=device)
     global_model = build_worker(cfg, data.num_classes, data.in_channels, data.image_size, device).module
     train = cfg["train"]
+    on_ready()
     times = []
     for t in range(rounds + 1):
         start = time.perf_counter()
@@ -112,8 +116,25 @@ def naive_rounds(cfg: dict[str, Any], rounds: int) -> list[float]:
     return times[1:]
 
 
+BASELINE: dict[str, float] = {}
+
+
+def proc_status_mb(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS, VmHWM) in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def reset_peak() -> None:
+    """Reset the peak-RSS counter once data and model are built, so the peak covers training only."""
+    Path("/proc/self/clear_refs").write_text("5")
+    BASELINE["rss"] = proc_status_mb("VmRSS")
+
+
 def peak_rss_mb(workload: str, variant: str, clients: int) -> tuple[float, float]:
-    """(max RSS, its growth during training) in MB of a child process that runs two rounds of ``variant``."""
+    """(peak RSS, peak above the RSS before training) in MB of a child process running two rounds of ``variant``."""
     out = subprocess.run([sys.executable, __file__, "--child", variant, "--workloads", workload,
                           "--clients", str(clients)], capture_output=True, text=True, check=True)
     peak, growth = out.stdout.strip().splitlines()[-1].split()
@@ -130,10 +151,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         cfg = workload_config(args.workloads[0], args.clients)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        (engine_rounds if args.child == "engine" else naive_rounds)(cfg, 1)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(after, after - before)
+        (engine_rounds if args.child == "engine" else naive_rounds)(cfg, 1, on_ready=reset_peak)
+        print(proc_status_mb("VmHWM"), proc_status_mb("VmHWM") - BASELINE["rss"])
         return
     results = []
     for name in args.workloads:
@@ -152,8 +171,8 @@ def main() -> None:
             "processor": platform.processor(), "rounds_timed": args.rounds, "results": results}
     out = Path(args.out)
     atomic_write_json(out / "bench.json", meta)
-    lines = ["| workload | clients | engine s/round | naive s/round | naive/engine | peak RSS MB engine (training growth) "
-             "| peak RSS MB naive (training growth) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | clients | engine s/round | naive s/round | naive/engine | engine peak RSS MB "
+             "(training above baseline) | naive peak RSS MB (training above baseline) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['clients']} | {r['engine_s_per_round']} | {r['naive_s_per_round']} | "
               f"{r['speedup']} | {r['engine_peak_rss_mb']} (+{r['engine_training_rss_growth_mb']}) | "
               f"{r['naive_peak_rss_mb']} (+{r['naive_training_rss_growth_mb']}) |" for r in results]

@@ -1,0 +1,222 @@
+"""FedCAC figures from run records (one command each; PNG + PDF under results/fedcac/figures/).
+
+    python scripts/fedcac_figures.py fig3 [--scale mini]   # selection schemes    (from results/fedcac/fig3*.csv)
+    python scripts/fedcac_figures.py fig4 [--scale mini]   # collaboration schemes
+    python scripts/fedcac_figures.py fig5 [--scale mini]   # tau sweep
+    python scripts/fedcac_figures.py fig6 [--scale mini]   # beta sweep
+    python scripts/fedcac_figures.py fig7 --run RUN_DIR    # overlap matrix next to the clients' class mix
+    python scripts/fedcac_figures.py fig8 --run RUN_DIR    # partition dot plot of a run
+    python scripts/fedcac_figures.py fig1a [--scale mini]  # angle between two clients' updates, several alpha
+    python scripts/fedcac_figures.py fig1b [--scale mini]  # last-layer sensitivity, 4:4:1:1 class mix
+
+Figs. 3-6 read the table CSVs written by ``python -m bench.table conf/paper/fedcac/figN.yaml``; Fig. 7 and
+8 read one FedCAC run directory; Figs. 1a and 1b train what they plot (seeded, CPU-sized at mini scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from bench.compose import compose_config  # noqa: E402
+from bench.data import build_federated_data  # noqa: E402
+from bench.engine import ClientRound, Federation, hyperparameters  # noqa: E402
+from bench.plots import STYLE, save  # noqa: E402
+from bench.records import read_jsonl  # noqa: E402
+from bench.run import build_worker, to_container  # noqa: E402
+from bench.seeding import generator  # noqa: E402
+from methods import METHODS  # noqa: E402
+
+OUT = Path("results/fedcac/figures")
+
+
+def table_csv(name: str, scale: str) -> pd.DataFrame:
+    path = Path("results/fedcac") / f"{name}{'' if scale == 'paper' else '_' + scale}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run python -m bench.table conf/paper/fedcac/{name}.yaml "
+                                f"--scale {scale} first")
+    return pd.read_csv(path)
+
+
+def bars(name: str, scale: str, title: str) -> list[Path]:
+    """Grouped bars: one group per column (data set), one bar per row (scheme), error bar = std."""
+    frame = table_csv(name, scale)
+    columns, methods = list(dict.fromkeys(frame["column"])), list(dict.fromkeys(frame["method"]))
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(columns), 3.0))
+        width = 0.8 / len(methods)
+        for i, method in enumerate(methods):
+            sub = frame[frame["method"] == method].set_index("column").loc[columns]
+            ax.bar(np.arange(len(columns)) + i * width, sub["mean"], width, yerr=sub["std"].fillna(0), label=method)
+        ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, columns)
+        ax.set_ylabel("mean client test accuracy (%)")
+        ax.set_title(title + (" (mini stand-in)" if scale == "mini" else ""))
+        ax.legend(fontsize=7)
+        return save(fig, OUT / f"{name}{'' if scale == 'paper' else '_' + scale}")
+
+
+def sweep(name: str, scale: str, param: str) -> list[Path]:
+    """Accuracy against a hyperparameter (rows named "<param>=<value>"), one line per data set."""
+    frame = table_csv(name, scale)
+    frame["value"] = [float(re.sub(rf"^{param}=", "", m)) for m in frame["method"]]
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(4.0, 3.0))
+        for column, sub in frame.groupby("column", sort=False):
+            sub = sub.sort_values("value")
+            ax.errorbar(sub["value"], sub["mean"], yerr=sub["std"].fillna(0), marker="o", capsize=2, label=column)
+        ax.set_xlabel(param)
+        ax.set_ylabel("mean client test accuracy (%)")
+        ax.legend(fontsize=7)
+        return save(fig, OUT / f"{name}{'' if scale == 'paper' else '_' + scale}")
+
+
+def fig7(run: Path) -> list[Path]:
+    """The last recorded overlap matrix of a FedCAC run beside its clients' train class distribution."""
+    records = [r for r in read_jsonl(run / "rounds.jsonl") if r.get("kind") == "method" and "overlap_matrix" in r]
+    if not records:
+        raise ValueError(f"{run} has no overlap matrix: run FedCAC with method.overlap_matrix_every > 0")
+    last = records[-1]
+    counts = pd.read_csv(run / "partition" / "class_counts.csv")
+    train = counts[counts["part"] == "train"].set_index("client").filter(like="class_")
+    with plt.rc_context(STYLE):
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(8.0, 3.6))
+        im = ax0.imshow(np.array(last["overlap_matrix"]), cmap="viridis")
+        ax0.set_title(f"overlap O_ij, round {last['round']}")
+        ax0.set_xlabel("client j")
+        ax0.set_ylabel("client i")
+        fig.colorbar(im, ax=ax0, fraction=0.046)
+        ax1.imshow(train.to_numpy() / train.to_numpy().sum(1, keepdims=True), cmap="Reds", aspect="auto")
+        ax1.set_title("class proportions (train)")
+        ax1.set_xlabel("class")
+        ax1.set_ylabel("client")
+        return save(fig, OUT / f"fig7_{run.name}")
+
+
+def fig8(run: Path) -> list[Path]:
+    png = run / "partition" / "partition.png"
+    if not png.exists():
+        raise FileNotFoundError(f"{png} not found: is {run} a run directory?")
+    image = plt.imread(png)
+    fig, ax = plt.subplots(figsize=(image.shape[1] / 120, image.shape[0] / 120))
+    ax.imshow(image)
+    ax.axis("off")
+    return save(fig, OUT / f"fig8_{run.name}")
+
+
+def _setup(scale: str, overrides: list[str]) -> tuple[dict, object, object]:
+    base = ["dataset=digits", "model=small_cnn", "num_clients=2", "train.batch_size=20", "train.lr=0.05",
+            "train.momentum=0.9", "partition.n_train=100", "partition.n_test=20", "cache_dir=null"]
+    if scale == "paper":
+        base = ["dataset=cifar10", "model=resnet8", "num_clients=2", "train.batch_size=100", "train.lr=0.1",
+                "train.momentum=0.9", "train.epochs=5", "partition.n_train=500", "partition.n_test=100"]
+    cfg = to_container(compose_config([*base, *overrides]))
+    data = build_federated_data(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
+                                data_seed=cfg["data_seed"], data_root=cfg["data_root"], cache_dir=None)
+    worker = build_worker(cfg, data.num_classes, data.in_channels, data.image_size, torch.device("cpu"))
+    return cfg, data, worker
+
+
+def fig1a(scale: str, rounds: int) -> list[Path]:
+    """Angle between two FedAvg clients' model updates over rounds, for several Dirichlet alphas."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(4.2, 3.0))
+        for alpha in (0.1, 0.5, 1.0):
+            cfg, data, worker = _setup(scale, ["partition=dirichlet", f"partition.alpha={alpha}", "method=fedavg"])
+            method_cls = METHODS.get("fedavg")
+            fed = Federation(2, data.sizes("train"), worker, cfg["train"], torch.device("cpu"), cfg["seed"])
+            m = method_cls(fed, hyperparameters(method_cls, {}))
+            m.setup(worker.read())
+            angles = []
+            for t in range(1, rounds + 1):
+                m.begin_round(t, [0, 1])
+                updates = []
+                for cid in (0, 1):
+                    start = m.client_model(cid).clone()
+                    worker.load(start)
+                    task = ClientRound(cid, t, data.client(cid), generator(cfg["seed"], "train", t, cid), start,
+                                       cfg["train"]["lr"])
+                    m.train_client(task, worker)
+                    updates.append((worker.vector - start)[worker.param_mask])
+                    m.upload(task, worker)
+                m.aggregate(t, [0, 1])
+                cos = torch.nn.functional.cosine_similarity(updates[0], updates[1], dim=0).clamp(-1, 1)
+                angles.append(float(torch.rad2deg(torch.arccos(cos))))
+            ax.plot(range(1, rounds + 1), angles, label=f"alpha={alpha}")
+        ax.set_xlabel("round")
+        ax.set_ylabel("angle between client updates (deg)")
+        ax.legend()
+        return save(fig, OUT / f"fig1a{'' if scale == 'paper' else '_mini'}")
+
+
+def fig1b(scale: str, epochs: int) -> list[Path]:
+    """Eq. 5 sensitivity of the last layer's weights after local training on a 4:4:1:1 class mix."""
+    cfg, data, worker = _setup(scale, ["partition=pathological", "partition.classes_per_client=4",
+                                       "num_clients=1", "method=local"])
+    client = data.client(0)
+    labels = data.labels[client.train]
+    classes = sorted(set(labels.tolist()))
+    keep = []
+    for share, c in zip((4, 4, 1, 1), classes, strict=True):
+        members = client.train[labels == c]
+        keep.append(members[: max(1, len(members) * share // 4)])
+    mixed = torch.cat(keep)
+    splits = ({"train": mixed, "val": client.val, "test": client.test},)
+    data = type(data)(data.images, data.labels, splits, data.classes, data.train_transform, data.test_transform,
+                      data.partition, data.pool_labels_full)
+    method_cls = METHODS.get("local")
+    fed = Federation(1, data.sizes("train"), worker, {**cfg["train"], "epochs": epochs}, torch.device("cpu"), 0)
+    m = method_cls(fed, hyperparameters(method_cls, {}))
+    start = worker.read()
+    m.train_client(ClientRound(0, 1, data.client(0), generator(0, "train", 1, 0), start, cfg["train"]["lr"]), worker)
+    head = worker.entry("head.weight")
+    after = worker.vector[head.slice]
+    sens = ((after - start[head.slice]).abs() * after.abs()).view(head.shape)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.0, 2.6))
+        im = ax.imshow(sens.numpy(), aspect="auto", cmap="magma")
+        ax.set_yticks(range(len(data.classes)), [f"{c}{' *' if i in classes else ''}" for i, c in
+                                                 enumerate(data.classes)], fontsize=6)
+        ax.set_xlabel("feature")
+        ax.set_ylabel("class (* held, 4:4:1:1)")
+        fig.colorbar(im, ax=ax, fraction=0.03)
+        (OUT / "fig1b.json").parent.mkdir(parents=True, exist_ok=True)
+        (OUT / "fig1b.json").write_text(json.dumps({"classes": classes, "shares": [4, 4, 1, 1],
+                                                    "row_mean": sens.mean(1).tolist()}))
+        return save(fig, OUT / f"fig1b{'' if scale == 'paper' else '_mini'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("figure", choices=["fig1a", "fig1b", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8"])
+    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--run", type=Path, help="run directory (fig7, fig8)")
+    parser.add_argument("--rounds", type=int, default=30, help="fig1a rounds")
+    parser.add_argument("--epochs", type=int, default=5, help="fig1b local epochs")
+    args = parser.parse_args()
+    if args.figure in ("fig7", "fig8") and args.run is None:
+        parser.error(f"{args.figure} needs --run RUN_DIR (a FedCAC run directory)")
+    paths = {
+        "fig3": lambda: bars("fig3", args.scale, "critical-parameter selection"),
+        "fig4": lambda: bars("fig4", args.scale, "collaboration schemes"),
+        "fig5": lambda: sweep("fig5", args.scale, "tau"),
+        "fig6": lambda: sweep("fig6", args.scale, "beta"),
+        "fig7": lambda: fig7(args.run),
+        "fig8": lambda: fig8(args.run),
+        "fig1a": lambda: fig1a(args.scale, args.rounds),
+        "fig1b": lambda: fig1b(args.scale, args.epochs),
+    }[args.figure]()
+    print("\n".join(map(str, paths)))
+
+
+if __name__ == "__main__":
+    main()
