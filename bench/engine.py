@@ -57,6 +57,7 @@ class Federation:
     train: Mapping[str, Any]  # the ``train`` config: epochs, batch_size, optimizer, lr, ...
     device: torch.device
     seed: int
+    data: FederatedData | None = None  # for evaluation-time steps (fine-tuning, fusion on validation data)
 
     @property
     def size(self) -> int:
@@ -142,9 +143,12 @@ class Method:
         epochs: int | None = None,
         params: Iterable[nn.Parameter] | None = None,
         lr: float | None = None,
+        optim: Mapping[str, Any] | None = None,
     ) -> float:
-        """Mini-batch training of ``params`` (default: all) for ``epochs``; returns the mean batch loss."""
-        cfg = self.fed.train
+        """Mini-batch training of ``params`` (default: all) for ``epochs``; returns the mean batch loss.
+
+        ``optim`` overrides entries of the ``train`` config (e.g. momentum) for this call only."""
+        cfg = {**self.fed.train, **(optim or {})}
         trainable = list(model.parameters() if params is None else params)
         optimizer = make_optimizer(trainable, cfg, task.lr if lr is None else lr)
         chosen = {id(p) for p in trainable}

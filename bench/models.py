@@ -227,14 +227,17 @@ def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64, wid
 
 @MODELS.register("small_cnn")
 def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, width: float = 1.0,
-              channels: Sequence[int] = (32, 64), hidden: int = 128) -> SplitModel:
-    """Small CNN for embedded data: 3x3 convs (ReLU), a maxpool after the last (and after the first
-    when the input is at least 16 px), FC ``hidden`` + ReLU, head."""
+              channels: Sequence[int] = (32, 64), hidden: int = 128, norm: str = "none") -> SplitModel:
+    """Small CNN for embedded data: 3x3 convs (+ BatchNorm if ``norm="bn"``, ReLU), a maxpool after the
+    last (and after the first when the input is at least 16 px), FC ``hidden`` + ReLU, head."""
+    if norm not in ("none", "bn"):
+        raise ValueError(f"model.options.norm={norm!r} is invalid for small_cnn: use 'none' or 'bn'")
     layers: list[nn.Module] = []
     cin = in_channels
     for i, c in enumerate(channels):
         cout = scaled(c, width)
-        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(inplace=True)]
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), *([nn.BatchNorm2d(cout)] if norm == "bn" else []),
+                   nn.ReLU(inplace=True)]
         if i == len(channels) - 1 or (i == 0 and image_size >= 16):
             layers.append(nn.MaxPool2d(2))
         cin = cout

@@ -147,7 +147,7 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     worker = build_worker(conf, data.num_classes, data.in_channels, data.image_size, device)
     method_cls = METHODS.get(conf["method"]["name"])
     hp = hyperparameters(method_cls, {k: v for k, v in conf["method"].items() if k != "name"})
-    fed = Federation(conf["num_clients"], data.sizes("train"), worker, conf["train"], device, int(conf["seed"]))
+    fed = Federation(conf["num_clients"], data.sizes("train"), worker, conf["train"], device, int(conf["seed"]), data)
     method = method_cls(fed, hp)
     callbacks = make_callbacks(conf, run)
     engine = Engine(engine_config(conf), data, method, run, digest, callbacks)

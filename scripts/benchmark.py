@@ -172,7 +172,8 @@ def main() -> None:
     out = Path(args.out)
     atomic_write_json(out / "bench.json", meta)
     lines = ["| workload | clients | engine s/round | naive s/round | naive/engine | engine peak RSS MB "
-             "(training above baseline) | naive peak RSS MB (training above baseline) |", "|---|---|---|---|---|---|---|"]
+             "(training above baseline) | naive peak RSS MB (training above baseline) |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['clients']} | {r['engine_s_per_round']} | {r['naive_s_per_round']} | "
               f"{r['speedup']} | {r['engine_peak_rss_mb']} (+{r['engine_training_rss_growth_mb']}) | "
               f"{r['naive_peak_rss_mb']} (+{r['naive_training_rss_growth_mb']}) |" for r in results]

@@ -146,3 +146,11 @@ def test_load_pretrained_errors(tmp_path):
     torch.save({k.removeprefix("body."): v for k, v in make("resnet8").state_dict().items()}, path)
     with pytest.raises(ValueError, match="do not fit"):
         load_pretrained(make("resnet18"), path)
+
+
+def test_small_cnn_optional_batchnorm():
+    plain, bn_model = make("small_cnn"), make("small_cnn", norm="bn")
+    assert count(bn_model) == count(plain) + bn(32) + bn(64)
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in bn_model.modules()) == 2
+    with pytest.raises(ValueError, match="model.options.norm='gn'"):
+        make("small_cnn", norm="gn")

@@ -233,8 +233,47 @@ def test_fedamp_cloud_models_and_proximal_gradient():
     torch.testing.assert_close(grads, 2.0 * (0 - expected[1]))  # (lambda / alpha_k)(w - u_i)
 
 
-@pytest.mark.parametrize("name", ["fedcac", "fedper", "fedrep", "fedbn", "fedamp"])
+@pytest.mark.parametrize("name", ["fedcac", "fedper", "fedrep", "fedbn", "fedamp", "perfedmask"])
 def test_each_method_runs_end_to_end_and_resumes_identically(tmp_path, name):
     first = execute(config(tmp_path / "a", f"method={name}", "rounds=3", "checkpoint.every_rounds=1"))
     second = execute(config(tmp_path / "b", f"method={name}", "rounds=3"))
     assert first["complete"] and first["results"] == second["results"]
+
+
+# ---------------------------------------------------------------------------------------- PerFedMask
+def test_perfedmask_masking_vectors_fill_budgets_with_balanced_coverage():
+    from methods.perfedmask import masking_vectors
+
+    masks = masking_vectors([10, 10, 20], [1.0, 0.5, 0.5])
+    assert masks[0].tolist() == [True, True, True]  # nu = 1: everything
+    assert masks[1].tolist() == [False, False, True]  # least covered, larger first: the 20-block
+    assert masks[2].tolist() == [True, True, False]  # then the remaining least-covered blocks
+    assert masking_vectors([10, 30], [0.1])[0].tolist() == [True, False]  # nothing fits: smallest block
+
+
+def test_perfedmask_masked_aggregation_and_frozen_head():
+    module = build_model("small_cnn", num_classes=3, in_channels=1, image_size=8)
+    fed = federation(module, 2)
+    m = method("perfedmask", fed, budget=[1.0, 0.3], freeze_head=True, finetune_epochs=0,
+               finetune_momentum=0.9, finetune_weight_decay=0.0)
+    trains = m.state["trains"]
+    head = fed.worker.mask(lambda e: e.name.startswith("head."))
+    assert not trains[:, head].any() and trains[0, ~head].all() and 0 < trains[1].sum() < trains[0].sum()
+    init = m.state["global"].clone()
+    a, b = torch.randn(fed.size), torch.randn(fed.size)
+    upload_vectors(m, {0: a, 1: b})
+    both, only0 = trains[0] & trains[1], trains[0] & ~trains[1]
+    torch.testing.assert_close(m.state["global"][both], ((a + b) / 2)[both])
+    torch.testing.assert_close(m.state["global"][only0], a[only0])
+    assert torch.equal(m.state["global"][head], init[head])  # nobody trains the head: unchanged
+
+
+def test_perfedmask_post_stage_is_the_fine_tuned_global_model(tmp_path):
+    def results(epochs: int) -> dict:
+        s = execute(config(tmp_path / str(epochs), "method=perfedmask", "rounds=2",
+                           f"method.finetune_epochs={epochs}"))
+        return {(r["stage"], r["selection"], r["weighting"]): r["acc"] for r in s["results"]}
+
+    none, some = results(0), results(2)
+    assert none[("pre", "final", "unweighted")] == some[("pre", "final", "unweighted")]
+    assert none[("post", "final", "unweighted")] != some[("post", "final", "unweighted")]
