@@ -13,6 +13,7 @@ A run that is killed and started again truncates ``rounds.jsonl`` to the checkpo
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -49,17 +50,9 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_torch_save(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
