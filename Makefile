@@ -4,7 +4,17 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export WANDB_MODE ?= offline
 
-.PHONY: help setup demo test lint bench clean-runs
+# Paper tables: one target per spec conf/paper/<paper>/<table|figN>.yaml, e.g. `make fedcac-table2`.
+SCALE    ?= mini          # mini (embedded stand-in data, CPU) | paper
+LAUNCHER ?= local         # local (capped processes) | slurm (job array) | inline (this process)
+SEEDS    ?=               # e.g. SEEDS="0 1 2"; empty = the spec's seeds for SCALE
+DATA_ROOT ?=              # where CIFAR/Tiny-ImageNet/... live (else $$PFL_DATA_ROOT, else ./data)
+ARGS     ?=               # more overrides for every cell / the launcher: ARGS="device=cuda launcher.partition=gpu"
+SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
+TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
+PAPERS   := fedcac pa3dfl fedc2i fedselect
+
+.PHONY: help setup demo test lint bench clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -12,6 +22,12 @@ help:
 	@echo "make test    the test suite (WANDB_MODE=offline)"
 	@echo "make lint    ruff"
 	@echo "make bench   engine vs naive loop, seconds per round -> results/bench/"
+	@echo "make <paper>-<table>  one paper table or figure, e.g. make fedcac-table2 (alias: make table2);"
+	@echo "             SCALE=mini|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
+	@echo "             targets: $(TABLES)"
+	@echo "make tables  every table and figure above (finished cells are reused)"
+	@echo "make collect rewrite every table from the runs that exist (trains nothing)"
+	@echo "make plots   every figure from run records -> results/<paper>/figures/ (PNG + PDF)"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Debian/Ubuntu: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -36,3 +52,23 @@ bench: setup
 
 clean-runs:
 	rm -rf runs cache results/demo/runs
+
+$(TABLES): setup
+	$(PY) -m bench.table conf/paper/$(firstword $(subst -, ,$@))/$(word 2,$(subst -, ,$@)).yaml \
+	  --scale $(strip $(SCALE)) --launcher $(strip $(LAUNCHER)) $(if $(strip $(SEEDS)),--seeds $(SEEDS)) \
+	  -- $(if $(strip $(DATA_ROOT)),data_root=$(strip $(DATA_ROOT))) $(ARGS)
+
+table2: fedcac-table2
+
+tables: $(TABLES)
+
+collect: setup
+	$(PY) -m bench.collect $(SPECS) --scale $(strip $(SCALE))
+
+plots: setup
+	$(PY) -m bench.plots --scale $(strip $(SCALE))
+
+# a paper table without a spec yet (its methods are not built): say so instead of "no rule"
+$(addsuffix -table%,$(PAPERS)):
+	@echo "$@: no spec conf/paper/$(firstword $(subst -, ,$@))/$(word 2,$(subst -, ,$@)).yaml yet; the methods of this"
+	@echo "paper are not built in this repository yet. Available: $(TABLES)"; exit 2

@@ -2,10 +2,15 @@
 
 Only runs whose ``summary.json`` says ``complete`` are averaged; every other run directory found is
 returned separately as missing/partial so a table can list it instead of silently averaging it in.
+
+Command line (writes Markdown, LaTeX and CSV from whatever runs exist; nothing is trained)::
+
+    python -m bench.collect conf/paper/fedcac/table2.yaml --scale mini [--out-dir runs] [--results results]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -88,3 +93,53 @@ def markdown_table(frame: pd.DataFrame) -> str:
     for idx, row in frame.iterrows():
         lines.append("| " + " | ".join([str(idx)] + ["" if pd.isna(v) else str(v) for v in row]) + " |")
     return "\n".join(lines)
+
+
+def _latex_escape(text: str) -> str:
+    out = str(text)
+    for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                       ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
+                       ("^", r"\textasciicircum{}")):
+        out = out.replace(char, repl)
+    return out.replace("±", r"$\pm$").replace("⚑", r"$^\dagger$").replace("—", "--")
+
+
+def latex_table(frame: pd.DataFrame, title: str, caption: str = "", notes: Sequence[str] = ()) -> str:
+    """A standalone ``table`` environment (booktabs) of ``frame`` with its index as the first column."""
+    header = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
+    lines = [r"\begin{table}[t]", r"\centering", r"\small",
+             rf"\caption{{{_latex_escape(title)}. {_latex_escape(caption)}}}",
+             r"\begin{tabular}{l" + "c" * len(frame.columns) + "}", r"\toprule",
+             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    for idx, row in frame.iterrows():
+        cells = [_latex_escape(idx)] + ["" if pd.isna(v) else _latex_escape(v) for v in row]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if notes:
+        lines += [r"\par\footnotesize Not averaged in: " + "; ".join(_latex_escape(n) for n in notes) + "."]
+    lines += [r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bench.run import run_dir_for
+    from bench.table import SCALES, cell_config, collect, expand, load_spec, write_table
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", nargs="+", help="table specs, e.g. conf/paper/fedcac/table2.yaml")
+    parser.add_argument("--scale", default="mini", choices=SCALES)
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--out-dir", default="runs", help="where the run directories are")
+    parser.add_argument("--results", default="results", help="where tables go")
+    args = parser.parse_args(argv)
+    for path in args.spec:
+        spec = load_spec(path)
+        cells = expand(spec, args.scale, args.seeds, args.out_dir)
+        dirs = {cell: run_dir_for(cell_config(cell)) for cell in cells}
+        frame, problems = collect(spec, args.scale, dirs)
+        print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)} "
+              f"({int(frame['seeds'].sum())} runs averaged, {len(problems)} listed as not averaged in)")
+
+
+if __name__ == "__main__":
+    main()

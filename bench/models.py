@@ -2,14 +2,16 @@
 
 Every parameter name starts with ``body.`` or ``head.``, which is how methods find the head (FedPer,
 FedRep, ...). ``width`` scales every hidden width with :func:`scaled`; input channels and the number of
-classes are never scaled (capacity-heterogeneous methods build narrower copies this way).
+classes are never scaled (capacity-heterogeneous methods build narrower copies this way). Sizes that
+depend on the input (flatten sizes) are computed from ``in_channels`` and ``image_size``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +21,30 @@ from torch import nn
 from bench.registry import Registry
 
 MODELS: Registry[Callable[..., SplitModel]] = Registry("model")
-NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+# Normalisation layers, matched by type (BatchNorm*, SyncBatchNorm and InstanceNorm* derive from _NormBase).
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+)
 
 
 def scaled(channels: int, width: float) -> int:
-    """Hidden width rule: ``max(1, ceil(channels * width))``."""
+    """Hidden width rule: ``max(1, ceil(channels * width))``.
+
+    A tolerance of 1e-9 absorbs float error, so ``scaled(10, 0.3)`` is 3, not 4.
+    """
     return max(1, math.ceil(channels * width - 1e-9))
 
 
 class SplitModel(nn.Module):
-    """``forward(x) = head(body(x))``; ``body`` maps images to features ``[B, feature_dim]``."""
+    """``forward(x) = head(body(x))``; ``body`` maps images to flat features ``[B, feature_dim]``."""
+
+    body: nn.Module
+    head: nn.Linear
+    feature_dim: int
 
     def __init__(self, body: nn.Module, feature_dim: int, num_classes: int) -> None:
         super().__init__()
@@ -37,50 +53,70 @@ class SplitModel(nn.Module):
         self.feature_dim = feature_dim
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The body's output, ``[B, feature_dim]``."""
         return self.body(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, num_classes]``."""
         return self.head(self.body(x))
 
 
 def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int, width: float = 1.0,
                 **options: Any) -> SplitModel:
-    """Build the registered model ``name``; unknown options raise ``TypeError`` naming them."""
-    if width <= 0:
+    """Build the registered model ``name``; an unknown option raises ``TypeError`` listing the valid ones."""
+    if not width > 0:
         raise ValueError(f"model.width={width} is invalid: it must be > 0")
-    return MODELS.get(name)(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                            width=width, **options)
+    factory = MODELS.get(name)
+    accepted = {n for n, p in inspect.signature(factory).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        valid = sorted(accepted - {"num_classes", "in_channels", "image_size", "width"})
+        raise TypeError(f"model {name!r} has no option(s) {unknown}; its options are {valid or '(none)'}")
+    return factory(num_classes=num_classes, in_channels=in_channels, image_size=image_size, width=width,
+                   **options)
 
 
 def param_groups(model: nn.Module) -> dict[str, list[str]]:
-    """State-dict keys by role: ``head``, ``body`` and ``norm`` (norm layers found by module type)."""
+    """State-dict keys by role: ``head`` (``head.*``), ``body`` (``body.*``) and ``norm``.
+
+    ``norm`` holds the parameters *and buffers* (running statistics) of every module that is a
+    normalisation layer by type (:data:`NORM_TYPES`), whatever its name, in state-dict order.
+    """
     keys = list(model.state_dict())
-    norm = []
-    for mod_name, module in model.named_modules():
+    norm_keys: set[str] = set()
+    for name, module in model.named_modules():
         if isinstance(module, NORM_TYPES):
-            prefix = f"{mod_name}." if mod_name else ""
-            norm += [f"{prefix}{k}" for k in module.state_dict()]
+            prefix = f"{name}." if name else ""
+            norm_keys.update(prefix + k for k in module.state_dict())
     return {"head": [k for k in keys if k.startswith("head.")],
             "body": [k for k in keys if k.startswith("body.")],
-            "norm": norm}
+            "norm": [k for k in keys if k in norm_keys]}
 
 
 def _flat_size(body: nn.Module, in_channels: int, image_size: int) -> int:
-    with torch.no_grad():
-        return int(body(torch.zeros(1, in_channels, image_size, image_size)).shape[1])
+    """Number of features ``body`` produces for one ``in_channels x image_size x image_size`` image."""
+    was_training = body.training
+    body.eval()  # eval mode: a probe pass must not touch BatchNorm running statistics
+    try:
+        with torch.no_grad():
+            out = body(torch.zeros(1, in_channels, image_size, image_size))
+    finally:
+        body.train(was_training)
+    return int(out.reshape(1, -1).shape[1])
 
 
 # ----------------------------------------------------------------------------------------- ResNets
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:
+    """BatchNorm or GroupNorm; with GN the group count falls back to ``gcd(groups, channels)``."""
     if kind == "bn":
         return nn.BatchNorm2d(channels)
     if kind == "gn":
-        return nn.GroupNorm(min(groups, channels), channels)
+        return nn.GroupNorm(math.gcd(groups, channels), channels)
     raise ValueError(f"model.options.norm={kind!r} is invalid: use 'bn' or 'gn'")
 
 
 class BasicBlock(nn.Module):
-    """3x3 conv-norm-relu-3x3 conv-norm plus identity (1x1 conv + norm when shape changes)."""
+    """conv3x3-norm-ReLU-conv3x3-norm plus the shortcut (1x1 conv + norm when stride or width changes)."""
 
     def __init__(self, cin: int, cout: int, stride: int, norm: str, groups: int) -> None:
         super().__init__()
@@ -89,32 +125,37 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = _norm(norm, cout, groups)
-        self.downsample = None
+        self.downsample: nn.Module | None = None
         if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _norm(norm, cout, groups))
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            _norm(norm, cout, groups))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual block output."""
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + identity)
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
 
 
 class ResNetBody(nn.Module):
-    """Torchvision-layout ResNet body (names mirror torchvision: conv1, bn1, layer1..., no fc)."""
+    """Torchvision-layout ResNet without ``fc``: submodule names mirror torchvision (conv1, bn1, layerN)."""
 
     def __init__(self, in_channels: int, widths: Sequence[int], blocks: Sequence[int], norm: str = "bn",
                  gn_groups: int = 2) -> None:
         super().__init__()
+        if len(widths) != len(blocks):
+            raise ValueError(f"ResNet needs one block count per stage: widths {widths}, blocks {blocks}")
         self.conv1 = nn.Conv2d(in_channels, widths[0], 7, 2, 3, bias=False)
         self.bn1 = _norm(norm, widths[0], gn_groups)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         cin = widths[0]
-        for i, (cout, n) in enumerate(zip(widths, blocks, strict=True)):
-            stride = 1 if i == 0 else 2
-            layer = [BasicBlock(cin if j == 0 else cout, cout, stride if j == 0 else 1, norm, gn_groups)
-                     for j in range(n)]
-            setattr(self, f"layer{i + 1}", nn.Sequential(*layer))
+        for stage, (cout, count) in enumerate(zip(widths, blocks, strict=True)):
+            first_stride = 1 if stage == 0 else 2
+            stage_blocks = [BasicBlock(cin if j == 0 else cout, cout, first_stride if j == 0 else 1, norm,
+                                       gn_groups) for j in range(count)]
+            self.add_module(f"layer{stage + 1}", nn.Sequential(*stage_blocks))
             cin = cout
         self.num_stages = len(widths)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
@@ -126,69 +167,96 @@ class ResNetBody(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Features after global average pooling, ``[B, widths[-1]]``."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        for i in range(self.num_stages):
-            x = getattr(self, f"layer{i + 1}")(x)
+        for stage in range(self.num_stages):
+            x = getattr(self, f"layer{stage + 1}")(x)
         return torch.flatten(self.avgpool(x), 1)
 
 
 def _resnet(widths: Sequence[int], blocks: Sequence[int], num_classes: int, in_channels: int, width: float,
-            norm: str = "bn", gn_groups: int = 2) -> SplitModel:
-    ws = [scaled(w, width) for w in widths]
-    return SplitModel(ResNetBody(in_channels, ws, blocks, norm, gn_groups), ws[-1], num_classes)
+            norm: str, gn_groups: int) -> SplitModel:
+    hidden = [scaled(w, width) for w in widths]
+    return SplitModel(ResNetBody(in_channels, hidden, blocks, norm, gn_groups), hidden[-1], num_classes)
 
 
 @MODELS.register("resnet8")
 def resnet8(*, num_classes: int, in_channels: int = 3, image_size: int = 32, width: float = 1.0,
-            norm: str = "bn") -> SplitModel:
-    """FedCAC's ResNet-8 (spec 1.3): 3 stages of one BasicBlock, widths 64/128/256."""
-    return _resnet((64, 128, 256), (1, 1, 1), num_classes, in_channels, width, norm)
+            norm: str = "bn", gn_groups: int = 2) -> SplitModel:
+    """FedCAC's ResNet-8 (spec 1.3): 3 stages of one BasicBlock, widths 64/128/256, strides 1/2/2."""
+    return _resnet((64, 128, 256), (1, 1, 1), num_classes, in_channels, width, norm, gn_groups)
 
 
 @MODELS.register("resnet10")
 def resnet10(*, num_classes: int, in_channels: int = 3, image_size: int = 32, width: float = 1.0,
-             norm: str = "bn") -> SplitModel:
+             norm: str = "bn", gn_groups: int = 2) -> SplitModel:
     """FedCAC's ResNet-10 (spec 1.3): 4 stages of one BasicBlock, widths 64/128/256/512."""
-    return _resnet((64, 128, 256, 512), (1, 1, 1, 1), num_classes, in_channels, width, norm)
+    return _resnet((64, 128, 256, 512), (1, 1, 1, 1), num_classes, in_channels, width, norm, gn_groups)
 
 
 @MODELS.register("resnet18")
 def resnet18(*, num_classes: int, in_channels: int = 3, image_size: int = 32, width: float = 1.0,
              norm: str = "bn", gn_groups: int = 2) -> SplitModel:
-    """Torchvision ResNet-18 layout; ``norm="gn"`` with 2 groups is Pa3dFL's ResNet-18-GN (spec 2.7)."""
+    """Torchvision ResNet-18 layout; ``norm="gn"`` (2 groups) is Pa3dFL's ResNet-18-GN (spec 2.7)."""
     return _resnet((64, 128, 256, 512), (2, 2, 2, 2), num_classes, in_channels, width, norm, gn_groups)
 
 
-def load_pretrained(model: SplitModel, path: str | os.PathLike, *, skip_head: bool = True) -> None:
-    """Load a torchvision-style ResNet state dict (``conv1.*``, ``layer1.*``, ``fc.*``) into the model."""
+# ------------------------------------------------------------------------------- pretrained weights
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, Mapping) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        for key in ("state_dict", "model"):  # a checkpoint wrapping the weights
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path} does not hold a state dict of tensors (got {type(obj).__name__})")
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def load_pretrained(model: SplitModel, path: str | os.PathLike, *, strict_body: bool = True,
+                    skip_head: bool = True) -> None:
+    """Load a torchvision-style ResNet state dict (``conv1.*``, ``bn1.*``, ``layer1.*``, ``fc.*``).
+
+    ``X`` goes to ``body.X`` and ``fc.X`` to ``head.X`` (unless ``skip_head``). With ``strict_body`` every
+    body key must be in the file (BN ``num_batches_tracked`` excepted, old files lack it) and every
+    non-``fc`` key of the file must exist in the body. A shape mismatch is always an error.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"pretrained weights not found at {path}: download them where a network exists (e.g. torchvision's "
-            "resnet18 ImageNet weights) and set model.pretrained to the local .pth file")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    mapped = {}
-    for key, value in state.items():
+            f"pretrained weights not found at {path}: this harness never downloads them. Download them "
+            f"elsewhere (e.g. torchvision's ImageNet resnet18 .pth) and place the file at {path}")
+    mapped: dict[str, torch.Tensor] = {}
+    for key, value in _read_state_dict(path).items():
         if key.startswith("fc."):
             if not skip_head:
-                mapped["head." + key[3:]] = value
+                mapped["head." + key.removeprefix("fc.")] = value
         else:
             mapped["body." + key] = value
     own = model.state_dict()
-    missing = [k for k in own if k.startswith("body.") and k not in mapped]
-    unexpected = [k for k in mapped if k not in own]
-    wrong = [f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in mapped.items()
+    wrong = [f"{k} (file {tuple(v.shape)}, model {tuple(own[k].shape)})" for k, v in mapped.items()
              if k in own and v.shape != own[k].shape]
-    if missing or unexpected or wrong:
-        raise ValueError(f"weights in {path} do not fit the model: missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]}, shape mismatches {wrong[:5]}")
-    model.load_state_dict(mapped, strict=False)
+    problems = [f"{len(wrong)} shape mismatch(es): {', '.join(wrong)}"] if wrong else []
+    if strict_body:
+        missing = [k for k in own if k.startswith("body.") and k not in mapped
+                   and not k.endswith(".num_batches_tracked")]
+        unexpected = [k for k in mapped if k not in own]
+        if missing:
+            problems.append(f"{len(missing)} model key(s) missing from the file: {', '.join(missing)}")
+        if unexpected:
+            problems.append(f"{len(unexpected)} file key(s) the model lacks: {', '.join(unexpected)}")
+    if not skip_head and ("head.weight" not in mapped or "head.bias" not in mapped):
+        problems.append("skip_head=False but the file has no fc.weight/fc.bias")
+    if problems:
+        raise ValueError(f"weights in {path} do not fit the model: " + "; ".join(problems))
+    model.load_state_dict({k: v for k, v in mapped.items() if k in own}, strict=False)
 
 
 # -------------------------------------------------------------------------------------------- CNNs
-def _conv_mlp(convs: nn.Sequential, hidden: Sequence[int], num_classes: int, in_channels: int,
+def _conv_mlp(convs: Sequence[nn.Module], hidden: Sequence[int], num_classes: int, in_channels: int,
               image_size: int) -> SplitModel:
-    """Conv feature stack, flatten, hidden FC+ReLU layers as the body; a linear head."""
+    """Body = conv stack, flatten (channel-major), hidden FC + ReLU layers; head = Linear."""
     layers: list[nn.Module] = [*convs, nn.Flatten()]
     features = _flat_size(nn.Sequential(*layers), in_channels, image_size)
     for h in hidden:
@@ -197,48 +265,56 @@ def _conv_mlp(convs: nn.Sequential, hidden: Sequence[int], num_classes: int, in_
     return SplitModel(nn.Sequential(*layers), features, num_classes)
 
 
+def _conv_relu_pool(cin: int, cout: int, kernel: int, padding: int = 0) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, kernel, padding=padding), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+
+
 @MODELS.register("cnn_cifar100")
 def cnn_cifar100(*, num_classes: int, in_channels: int = 3, image_size: int = 32,
                  width: float = 1.0) -> SplitModel:
-    """Pa3dFL's CIFAR-100 CNN (spec 2.7): 2x(conv5x5 64, ReLU, maxpool2), FC 384, FC 192, head."""
+    """Pa3dFL's CIFAR-100 CNN (spec 2.7): 2 x (conv5x5 64, ReLU, maxpool2), FC 384, FC 192, head."""
     c = scaled(64, width)
-    convs = nn.Sequential(nn.Conv2d(in_channels, c, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-                          nn.Conv2d(c, c, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+    convs = _conv_relu_pool(in_channels, c, 5) + _conv_relu_pool(c, c, 5)
     return _conv_mlp(convs, [scaled(384, width), scaled(192, width)], num_classes, in_channels, image_size)
 
 
 @MODELS.register("cnn_fmnist")
-def cnn_fmnist(*, num_classes: int, in_channels: int = 1, image_size: int = 28, width: float = 1.0) -> SplitModel:
-    """Pa3dFL's FashionMNIST CNN (spec 2.7): conv5x5 32 / 64 pad 2 with maxpools, FC 512, FC 128, head."""
+def cnn_fmnist(*, num_classes: int, in_channels: int = 1, image_size: int = 28,
+               width: float = 1.0) -> SplitModel:
+    """Pa3dFL's FashionMNIST CNN (spec 2.7): conv5x5 32 and 64 (pad 2) with maxpools, FC 512, FC 128."""
     c1, c2 = scaled(32, width), scaled(64, width)
-    convs = nn.Sequential(nn.Conv2d(in_channels, c1, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-                          nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+    convs = _conv_relu_pool(in_channels, c1, 5, padding=2) + _conv_relu_pool(c1, c2, 5, padding=2)
     return _conv_mlp(convs, [scaled(512, width), scaled(128, width)], num_classes, in_channels, image_size)
 
 
 @MODELS.register("lenet64")
-def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64, width: float = 1.0) -> SplitModel:
-    """FedC2I's LeNet for 64x64 inputs (spec 3.2): body up to FC 384->192 + ReLU, head FC 192->C."""
-    c = scaled(64, width)
-    convs = nn.Sequential(nn.Conv2d(in_channels, c, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-                          nn.Conv2d(c, c, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2))
-    return _conv_mlp(convs, [scaled(384, width), scaled(192, width)], num_classes, in_channels, image_size)
+def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64,
+            width: float = 1.0) -> SplitModel:
+    """FedC2I's LeNet for 64x64 inputs (spec 3.2): the same layers as ``cnn_cifar100`` (body up to
+    FC 384->192 + ReLU, head FC 192->C), with the flatten size of 64x64 inputs."""
+    return cnn_cifar100(num_classes=num_classes, in_channels=in_channels, image_size=image_size, width=width)
 
 
 @MODELS.register("small_cnn")
 def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, width: float = 1.0,
               channels: Sequence[int] = (32, 64), hidden: int = 128, norm: str = "none") -> SplitModel:
-    """Small CNN for embedded data: 3x3 convs (+ BatchNorm if ``norm="bn"``, ReLU), a maxpool after the
-    last (and after the first when the input is at least 16 px), FC ``hidden`` + ReLU, head."""
+    """Small CNN for the embedded data: conv3x3 pad 1 (+ BatchNorm if ``norm="bn"``) + ReLU per entry of
+    ``channels``; maxpool2 after the last conv, and after the first too when ``image_size >= 16``;
+    flatten, FC ``hidden`` + ReLU, head."""
     if norm not in ("none", "bn"):
         raise ValueError(f"model.options.norm={norm!r} is invalid for small_cnn: use 'none' or 'bn'")
+    if not channels:
+        raise ValueError("model.options.channels must list at least one conv width")
     layers: list[nn.Module] = []
     cin = in_channels
+    last = len(channels) - 1
     for i, c in enumerate(channels):
-        cout = scaled(c, width)
-        layers += [nn.Conv2d(cin, cout, 3, padding=1), *([nn.BatchNorm2d(cout)] if norm == "bn" else []),
-                   nn.ReLU(inplace=True)]
-        if i == len(channels) - 1 or (i == 0 and image_size >= 16):
+        cout = scaled(int(c), width)
+        layers.append(nn.Conv2d(cin, cout, 3, padding=1))
+        if norm == "bn":
+            layers.append(nn.BatchNorm2d(cout))
+        layers.append(nn.ReLU(inplace=True))
+        if i == last or (i == 0 and image_size >= 16):
             layers.append(nn.MaxPool2d(2))
         cin = cout
-    return _conv_mlp(nn.Sequential(*layers), [scaled(hidden, width)], num_classes, in_channels, image_size)
+    return _conv_mlp(layers, [scaled(int(hidden), width)], num_classes, in_channels, image_size)

@@ -1,7 +1,14 @@
-"""Figures from run records, in one style (PNG and PDF side by side)."""
+"""Figures from run records, in one style (PNG and PDF side by side).
+
+``python -m bench.plots [--scale mini] [spec ...]`` draws, for every table spec (default: all of
+``conf/paper/*/``) whose runs exist, one learning-curve figure per column: one line per row (method),
+mean over seeds with a band of +- one std, into ``results/<paper>/figures/``. Paper-specific figures
+(``scripts/<paper>_figures.py``) come on top of these; ``make plots`` runs both.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,3 +56,43 @@ def learning_curves(
         ax.legend()
         return save(fig, path)
 
+
+
+def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs",
+                 results_dir: str = "results") -> list[Path]:
+    """Learning curves of one table spec's finished runs, one figure per column."""
+    from bench.records import RunDir
+    from bench.run import run_dir_for
+    from bench.table import cell_config, expand, label, load_spec, output_base, slug
+
+    spec = load_spec(spec_path)
+    groups: dict[str, dict[str, list[Path]]] = {}
+    for cell in expand(spec, scale, out_dir=out_dir):
+        run = run_dir_for(cell_config(cell))
+        if RunDir(run).is_complete():
+            groups.setdefault(cell.column, {}).setdefault(cell.row, []).append(run)
+    paths: list[Path] = []
+    base = output_base(spec["paper"], "figures", scale, results_dir)
+    stage = spec["protocol"]["stage"]
+    for column, rows in groups.items():
+        title = f"{spec['paper']} {label(spec)}: {column}" + (" (mini stand-in)" if scale == "mini" else "")
+        paths += learning_curves(rows, base / f"{label(spec)}_{slug(column)}", title=title, stage=stage)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", nargs="*", help="table specs (default: every conf/paper/*/table*|fig*.yaml)")
+    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--out-dir", default="runs")
+    parser.add_argument("--results", default="results")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent / "conf" / "paper"
+    specs = args.spec or sorted([*root.glob("*/table*.yaml"), *root.glob("*/fig*.yaml")])
+    for spec in specs:
+        paths = table_curves(spec, args.scale, args.out_dir, args.results)
+        print(f"{spec}: {len(paths) // 2} figures" + ("" if paths else " (no finished runs yet)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -188,18 +188,24 @@ def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:
     return callbacks
 
 
+def hydra_task(cfg: DictConfig) -> None:
+    """The Hydra task: run one config and print its primary result."""
+    summary = execute(cfg)
+    p = summary["primary"]
+    if not cfg.get("quiet"):
+        print(f"{summary['method']} seed={summary['seed']}: {p['acc']:.2f}% "
+              f"({p['stage']}, {p['selection']} round {p['round']}, {p['weighting']})")
+
+
 def main() -> None:
     import hydra
 
-    @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-    def _app(cfg: DictConfig) -> None:
-        summary = execute(cfg)
-        p = summary["primary"]
-        if not cfg.get("quiet"):
-            print(f"{summary['method']} seed={summary['seed']}: {p['acc']:.2f}% "
-                  f"({p['stage']}, {p['selection']} round {p['round']}, {p['weighting']})")
+    # the task comes from the importable module, not __main__, so that submitit's launchers pickle it by
+    # reference (a function of __main__ would be pickled by value, with unpicklable torch globals)
+    from bench.run import hydra_task as task
 
-    _app()
+    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
+    hydra.main(config_path=conf_dir, config_name="config", version_base="1.3")(task)()
 
 
 if __name__ == "__main__":

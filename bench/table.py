@@ -1,6 +1,7 @@
 """Paper tables: expand a table spec into runs, run the missing ones, write ours beside the paper's.
 
-Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--seeds 0 1] [--dry-run] [-- device=cuda]``
+Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
+[--seeds 0 1] [--dry-run] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
 
 A table spec (YAML)::
 
@@ -28,7 +29,9 @@ A table spec (YAML)::
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells.
 
 Every cell's config is composed and validated before the first run starts, so a typo fails at once.
-Finished runs are reused (the run directory is a function of the config); only missing cells train.
+Finished runs are reused (the run directory is a function of the config); only missing or failed cells
+train, through the launcher of ``conf/launcher/`` (``bench.launch``). Tables are written by
+``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import argparse
 import json
 import math
 import os
+import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +50,11 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from bench.collect import markdown_table
+from bench.collect import latex_table, markdown_table
 from bench.compose import compose_config
+from bench.launch import launch, load_launcher
 from bench.records import RunDir, atomic_write_text
-from bench.run import execute, run_dir_for, to_container, validate
+from bench.run import run_dir_for, to_container, validate
 from bench.summary import pick
 
 PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
@@ -128,25 +134,56 @@ def paper_numbers(spec: dict[str, Any]) -> dict[tuple[str, str], tuple[float, fl
     return out
 
 
-def run_cells(cells: Sequence[Cell], *, dry_run: bool = False) -> dict[Cell, Path]:
-    """Compose and validate every cell first, then run the missing ones in order."""
+def slug(*parts: str) -> str:
+    """A file- and W&B-safe name, e.g. ``slug("CIFAR-10 a=0.1", "FedCAC") == "CIFAR-10_a_0.1--FedCAC"``."""
+    return "--".join(re.sub(r"[^A-Za-z0-9.+-]+", "_", part).strip("_") for part in parts)
+
+
+def cell_slug(cell: Cell) -> str:
+    """The name of a table cell (column, then row) in W&B groups and file names."""
+    return slug(cell.column, cell.row)
+
+
+def cell_config(cell: Cell, spec: dict[str, Any] | None = None, scale: str = "paper") -> dict[str, Any]:
+    """The composed config of a cell; its W&B group is ``<paper>/<table>/<cell>``, job type the row (method)."""
+    cfg = to_container(compose_config(list(cell.overrides)))
+    if spec is not None:
+        wandb = cfg["logger"]["wandb"]
+        wandb["group"] = f"{spec['paper']}/{label(spec)}/{cell_slug(cell)}"
+        wandb["job_type"] = cell.row
+        wandb["tags"] = [*wandb.get("tags", []), f"scale:{scale}", f"table:{spec['paper']}/{label(spec)}",
+                         f"cell:{cell_slug(cell)}"]
+    return cfg
+
+
+def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[str, Any] | None = None,
+              spec: dict[str, Any] | None = None, scale: str = "paper") -> dict[Cell, Path]:
+    """Compose and validate every cell first, then launch the missing or failed ones."""
+    launcher = launcher or load_launcher("inline")
     configs = {}
     for cell in cells:
-        cfg = to_container(compose_config(list(cell.overrides)))
+        cfg = cell_config(cell, spec, scale)
         validate(cfg)
         configs[cell] = cfg
     dirs = {cell: run_dir_for(cfg) for cell, cfg in configs.items()}
     missing = [c for c in cells if not RunDir(dirs[c]).is_complete()]
-    print(f"{len(cells)} cells, {len(cells) - len(missing)} finished, {len(missing)} to run", flush=True)
-    if not dry_run:
-        for i, cell in enumerate(missing, 1):
-            try:
-                summary = execute(configs[cell])
-                print(f"[{i}/{len(missing)}] {cell.row} | {cell.column} | seed {cell.seed}: "
-                      f"{summary['primary']['acc']:.2f}", flush=True)
-            except Exception as err:  # noqa: BLE001 - one failed cell must not stop the table
-                print(f"[{i}/{len(missing)}] FAILED {cell.row} | {cell.column} | seed {cell.seed}: {err!r} "
-                      f"(run dir {dirs[cell]})", flush=True)
+    print(f"{len(cells)} cells, {len(cells) - len(missing)} finished, {len(missing)} to run"
+          + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
+    if dry_run or not missing:
+        return dirs
+    log_dir = Path(configs[missing[0]]["out_dir"]) / ".launch" / str(configs[missing[0]].get("exp", "default"))
+    outcomes = launch([configs[c] for c in missing], launcher, log_dir)
+    failed = 0
+    for outcome in outcomes:
+        cell = missing[outcome.index]
+        if outcome.ok:
+            (dirs[cell] / "error.txt").unlink(missing_ok=True)
+            continue
+        failed += 1
+        atomic_write_text(dirs[cell] / "error.txt", f"{outcome.error}\nlog: {outcome.log}\n")
+        print(f"FAILED {cell.row} | {cell.column} | seed {cell.seed} (run dir {dirs[cell]}; log {outcome.log}):\n"
+              f"{outcome.error.strip().splitlines()[-1] if outcome.error.strip() else ''}", flush=True)
+    print(f"{len(missing) - failed} runs finished, {failed} failed", flush=True)
     return dirs
 
 
@@ -158,8 +195,10 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     for cell, path in dirs.items():
         run = RunDir(path)
         if not run.is_complete():
-            state = "partial" if run.rounds.exists() else "missing"
-            problems.append(f"{state}: {cell.row} | {cell.column} | seed {cell.seed} ({path})")
+            state = ("failed" if (path / "error.txt").exists() else "partial" if run.rounds.exists()
+                     else "missing")
+            where = path / "error.txt" if state == "failed" else path
+            problems.append(f"{state}: {cell.row} | {cell.column} | seed {cell.seed} ({where})")
             continue
         summary = json.loads(run.summary.read_text())
         result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
@@ -190,8 +229,8 @@ def _fmt(mean: float, std: float) -> str:
     return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
-def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
-    """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
+def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
+    """One row per method; per column, ours (mean ± std) and the paper's number side by side."""
     wide: dict[str, dict[str, str]] = {}
     for r in frame.itertuples():
         cells = wide.setdefault(r.method, {})
@@ -200,25 +239,50 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
         cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std)
     table = pd.DataFrame.from_dict(wide, orient="index")
     table.index.name = "method"
+    return table
+
+
+def title(spec: dict[str, Any], scale: str) -> str:
+    return f"{spec['paper']} {label(spec)}: {spec.get('title', '')}" + (" (mini-scale stand-in)" if scale == "mini"
+                                                                         else "")
+
+
+def caption(spec: dict[str, Any], scale: str) -> list[str]:
     proto = spec["protocol"]
-    lines = [f"# {spec['paper']} {label(spec)}: {spec.get('title', '')}", ""]
+    lines = []
     if scale == "mini":
         lines += ["**Mini-scale stand-in**: embedded data sets in place of the paper's, fewer clients and rounds, "
-                  "a small model. The paper's columns are shown for orientation only; numbers are not comparable.",
-                  ""]
+                  "a small model. The paper's columns are shown for orientation only; numbers are not comparable."]
     lines += [f"Protocol: stage={proto['stage']}, selection={proto['selection']}, weighting={proto['weighting']}; "
               f"mean ± std over seeds (per-cell seed counts in the CSV). (paper) columns are the published "
               "numbers" + ("; ⚑ marks a difference above two of our standard deviations." if scale == "paper"
-                            else "."), "", markdown_table(table), ""]
+                            else ".")]
+    return lines
+
+
+def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
+    """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
+    lines = [f"# {title(spec, scale)}", ""]
+    for paragraph in caption(spec, scale):
+        lines += [paragraph, ""]
+    lines += [markdown_table(wide_table(frame, scale)), ""]
     if problems:
         lines += ["Not averaged in (missing, failed or partial runs):", *[f"- {p}" for p in problems], ""]
     return "\n".join(lines)
 
 
+def output_base(paper: str, name: str, scale: str, results_dir: str | os.PathLike = "results") -> Path:
+    """``results/<paper>/<name>`` at mini scale (what this repository can run), ``.../paper-scale/<name>``."""
+    return Path(results_dir) / paper / ("paper-scale" if scale == "paper" else "") / name
+
+
 def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
                 results_dir: str | os.PathLike = "results") -> Path:
-    base = Path(results_dir) / spec["paper"] / f"{label(spec)}{'' if scale == 'paper' else '_' + scale}"
+    """Markdown, LaTeX and CSV side by side (each written atomically); returns the Markdown path."""
+    base = output_base(spec["paper"], label(spec), scale, results_dir)
     atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
+    atomic_write_text(base.with_suffix(".tex"), latex_table(wide_table(frame, scale), title(spec, scale), " ".join(
+        caption(spec, scale)).replace("**", ""), problems))
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
     return base.with_suffix(".md")
 
@@ -227,15 +291,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini", choices=SCALES)
+    parser.add_argument("--launcher", default="local", help="conf/launcher/<name>.yaml: inline, local or slurm")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--out-dir", default="runs", help="where run directories go")
     parser.add_argument("--results", default="results", help="where tables go")
     parser.add_argument("--dry-run", action="store_true", help="validate and count cells, run nothing")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every cell, e.g. device=cuda")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides for every cell (device=cuda) and launcher settings (launcher.mem_gb=8)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after = argv[argv.index("--") + 1:] if "--" in argv else []  # everything after "--" is an override
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.overrides += after
+    launcher_overrides = [o for o in args.overrides if o.startswith("launcher.")]
+    overrides = [o for o in args.overrides if not o.startswith("launcher.")]
+    launcher = load_launcher(args.launcher, launcher_overrides)
     spec = load_spec(args.spec)
-    cells = expand(spec, args.scale, args.seeds, args.out_dir, args.overrides)
-    dirs = run_cells(cells, dry_run=args.dry_run)
+    cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
+    dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale)
     if not args.dry_run:
         frame, problems = collect(spec, args.scale, dirs)
         print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)}")

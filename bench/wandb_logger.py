@@ -44,7 +44,7 @@ class WandbLogger:
             project=opts.get("project") or "pflrepro",
             entity=opts.get("entity"),
             group=opts.get("group") or f"{conf.get('exp', 'default')}",
-            job_type=conf["method"]["name"],
+            job_type=opts.get("job_type") or conf["method"]["name"],
             tags=[str(t) for t in (opts.get("tags") or [])] + [
                 f"dataset:{conf['dataset']['name']}", f"partition:{conf['partition']['scheme']}",
                 f"seed:{conf['seed']}"],

@@ -1,68 +1,106 @@
-"""PerFedMask (Setayesh, Li, Wong, ICLR 2023): masked training of body blocks under per-client compute budgets,
-masked aggregation, and local fine-tuning before evaluation. Algorithm notes: docs/methods/perfedmask.md.
+"""PerFedMask (Setayesh, Li, Wong, ICLR 2023); algorithm and official-code references: docs/methods/perfedmask.md.
 
-1. The body is cut into blocks b with P_b parameters (stem, each residual block, each conv/FC layer).
-2. Masking vectors M_i in {0,1}^B (one per client) fill client i's budget nu_i * sum_b P_b while keeping every
-   block's coverage balanced (paper Sec. 4; the official code solves it with SCA + MOSEK; here a greedy fill
-   that always picks the least-covered block that still fits; nu = 1 gives all-ones masks).
-3. Client i trains only the blocks with M_ib = 1; the head is frozen during federated training.
-4. Server: every entry is averaged over the round's participants that trained it (masked aggregation);
-   entries nobody trained keep their value.
-5. Evaluation ('post'): the global model fine-tuned on the client's training data for ``finetune_epochs``
-   (all parameters, SGD with momentum and weight decay as in the official code); 'pre' is before fine-tuning.
+Body blocks b (P_b params) get per-client masks M [N, B] that minimize the official objective
+J(M) = sum_i [P max_b K_ib - sum_b K_ib P_b + eps_i], K_ib = M_ib / sum_j M_jb, eps_i = nu_i P - sum_b M_ib P_b >= 0
+(greedy fill + exact-objective local search instead of SCA + MOSEK). Clients train only their masked blocks
+(head frozen), the server averages each entry over the participants that trained it, and 'post' evaluates
+the global model fine-tuned on the client's training data; 'pre' is the locally trained model.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
-from bench.engine import METHODS, ClientRound, Method
+from bench.engine import METHODS, ClientRound, Federation, Method
 from bench.flat import FlatModel
 from bench.seeding import generator
+
+NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
 @dataclass(frozen=True)
 class PerFedMaskHyper:
-    budget: float | list  # nu: fraction of the body each client can train (one value, or one per client)
+    budget: float | list[float]  # nu: one value for all, or K values for K equal client groups (official schedule)
     freeze_head: bool  # the head is not trained during federated rounds (official code: lr 0 on the head)
-    finetune_epochs: int  # local fine-tuning epochs before evaluation
+    finetune_epochs: int  # local fine-tuning epochs before 'post' evaluation (official: 5)
     finetune_momentum: float
     finetune_weight_decay: float
 
 
+def client_budgets(budget: float | Sequence[float], n: int) -> list[float]:
+    """nu_i: client i gets budget[floor(K i / n)] (K = 1 for a scalar; K = n gives one value per client)."""
+    values = [float(budget)] if isinstance(budget, int | float) else [float(b) for b in budget]
+    if not values or not all(0 < b <= 1 for b in values) or len(values) > n:
+        raise ValueError(f"method.budget={budget!r} is invalid: one value or at most {n} values in (0, 1]")
+    return [values[len(values) * i // n] for i in range(n)]
+
+
 def body_blocks(model: FlatModel) -> dict[str, list[int]]:
-    """Block name -> indices of its parameter entries: ``body.layerK.J`` for residual blocks, else ``body.<child>``."""
+    """Block name -> entry indices (params, then buffers of the same modules): ``body.layerK.J`` for residual
+    blocks, else the owning layer; a norm layer joins the block of the layer before it."""
     blocks: dict[str, list[int]] = {}
+    owner_block: dict[str, str] = {}
+    key: str | None = None
     for i, e in enumerate(model.entries):
         if e.kind != "param" or not e.name.startswith("body."):
             continue
-        parts = e.name.split(".")
-        key = ".".join(parts[:3]) if parts[1].startswith("layer") else ".".join(parts[:2])
+        owner, parts = e.name.rpartition(".")[0], e.name.split(".")
+        if parts[1].startswith("layer") and len(parts) > 3:
+            key = ".".join(parts[:3])
+        elif key is None or not issubclass(e.module_type, NORMS):
+            key = owner
         blocks.setdefault(key, []).append(i)
+        owner_block[owner] = key
+    for i, e in enumerate(model.entries):
+        if e.kind == "buffer" and e.name.rpartition(".")[0] in owner_block:
+            blocks[owner_block[e.name.rpartition(".")[0]]].append(i)
     return blocks
 
 
+def objective(masks: torch.Tensor, sizes: Sequence[int], budgets: Sequence[float]) -> float:
+    """J(M) of the official code (see the module docstring)."""
+    m, p = masks.double(), torch.tensor(sizes, dtype=torch.float64)
+    total, k = p.sum(), m / m.sum(0).clamp_min(1)
+    eps = torch.tensor(budgets, dtype=torch.float64) * total - m @ p
+    return float((total * k.max(1).values - k @ p + eps).sum())
+
+
 def masking_vectors(block_sizes: Sequence[int], budgets: Sequence[float]) -> torch.Tensor:
-    """Greedy masks [N, B]: each client repeatedly takes the least-covered block (ties: larger, then first)
-    that still fits in budget * total; every client gets at least its smallest affordable block."""
-    total = sum(block_sizes)
-    coverage = [0] * len(block_sizes)
-    masks = torch.zeros(len(budgets), len(block_sizes), dtype=torch.bool)
+    """Masks [N, B]: greedy fill (least covered block that fits; ties: larger, then first), then local search
+    on J over single flips and in-row swaps that keep every budget. A client whose budget fits no block gets
+    its smallest block (and is left out of the search)."""
+    total, nb = sum(block_sizes), len(block_sizes)
+    masks = torch.zeros(len(budgets), nb, dtype=torch.bool)
+    coverage, fixed = [0] * nb, set()
     for i, nu in enumerate(budgets):
         room = nu * total + 1e-9
-        while True:
-            fits = [b for b in range(len(block_sizes)) if not masks[i, b] and block_sizes[b] <= room]
-            if not fits:
-                break
+        while fits := [b for b in range(nb) if not masks[i, b] and block_sizes[b] <= room]:
             b = min(fits, key=lambda j: (coverage[j], -block_sizes[j], j))
-            masks[i, b] = True
-            coverage[b] += 1
-            room -= block_sizes[b]
+            masks[i, b], coverage[b], room = True, coverage[b] + 1, room - block_sizes[b]
         if not masks[i].any():
-            masks[i, min(range(len(block_sizes)), key=lambda j: block_sizes[j])] = True
+            masks[i, min(range(nb), key=lambda j: block_sizes[j])] = True
+            fixed.add(i)
+    moves = [[b] for b in range(nb)] + [list(pair) for pair in itertools.combinations(range(nb), 2)]
+    best, improved = objective(masks, block_sizes, budgets), True
+    while improved:
+        improved = False
+        for i in (i for i in range(len(budgets)) if i not in fixed):
+            for move in moves:
+                masks[i, move] = ~masks[i, move]
+                used = sum(s for s, on in zip(block_sizes, masks[i].tolist(), strict=True) if on)
+                ok = bool(masks[i].any()) and used <= budgets[i] * total + 1e-9
+                value = objective(masks, block_sizes, budgets) if ok else math.inf
+                if value < best - 1e-9:
+                    best, improved = value, True
+                else:
+                    masks[i, move] = ~masks[i, move]
     return masks
 
 
@@ -70,40 +108,37 @@ def masking_vectors(block_sizes: Sequence[int], budgets: Sequence[float]) -> tor
 class PerFedMask(Method):
     Hyper = PerFedMaskHyper
 
+    def __init__(self, fed: Federation, hp: Any) -> None:
+        super().__init__(fed, hp)
+        self._round = 1
+
     def setup(self, init: torch.Tensor) -> None:
         worker, n = self.fed.worker, self.fed.num_clients
-        budgets = self.hp.budget if isinstance(self.hp.budget, list) else [self.hp.budget] * n
-        if len(budgets) != n or not all(0 < b <= 1 for b in budgets):
-            raise ValueError(f"method.budget={self.hp.budget!r} is invalid: one value or {n} values in (0, 1]")
-        blocks = body_blocks(worker)
-        sizes = [sum(worker.entries[i].numel for i in idx) for idx in blocks.values()]
+        budgets = client_budgets(self.hp.budget, n)
+        blocks = list(body_blocks(worker).values())
+        sizes = [sum(worker.entries[i].numel for i in idx if worker.entries[i].kind == "param") for idx in blocks]
         block_masks = masking_vectors(sizes, budgets)
         trains = torch.zeros(n, worker.size, dtype=torch.bool)
-        for b, idx in enumerate(blocks.values()):
+        for b, idx in enumerate(blocks):
             for i in idx:
                 trains[:, worker.entries[i].slice] = block_masks[:, b:b + 1]
         if not self.hp.freeze_head:
             trains[:, worker.mask(lambda e: e.name.startswith("head."))] = True
-        # floating buffers (BN statistics) follow the parameters of their module
-        for e in worker.entries:
-            if e.kind == "buffer":
-                owner = e.name.rpartition(".")[0]
-                same = [p for p in worker.entries if p.kind == "param" and p.name.rpartition(".")[0] == owner]
-                if same:
-                    trains[:, e.slice] = trains[:, same[0].offset:same[0].offset + 1]
         self.state["global"] = init
         self.state["trains"] = trains.to(init.device)
         self.state["block_masks"] = block_masks
+        self.state["trained_fraction"] = block_masks.double() @ torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+        self.state["objective"] = torch.tensor(objective(block_masks, sizes, budgets), dtype=torch.float64)
 
     def client_model(self, cid: int) -> torch.Tensor:
         return self.state["global"]
 
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         trains = self.state["trains"][task.cid]
-        params = [p for p, where in model.param_views() if bool(trains[where.start])]
-        return self.local_sgd(task, model, params=params)
+        return self.local_sgd(task, model, params=[p for p, where in model.param_views() if bool(trains[where.start])])
 
     def begin_round(self, round_: int, participants: Sequence[int]) -> None:
+        self._round = round_
         self._sum = torch.zeros_like(self.state["global"], dtype=torch.float64)
         self._weight = torch.zeros_like(self._sum)
 
@@ -122,13 +157,19 @@ class PerFedMask(Method):
         if stage == "pre":
             return model.vector
         model.load(self.state["global"])
-        if self.hp.finetune_epochs and self.fed.data is not None:
-            task = ClientRound(cid, 0, self.fed.data.client(cid), generator(self.fed.seed, "finetune", cid),
-                               self.state["global"], float(self.fed.train["lr"]))
+        if self.hp.finetune_epochs:
+            if self.fed.data is None:
+                raise ValueError("PerFedMask fine-tuning needs the federation's data (Federation.data)")
+            train = self.fed.train
+            lr = float(train["lr"]) * float(train.get("lr_decay", 1.0)) ** (self._round - 1)
+            task = ClientRound(cid, self._round, self.fed.data.client(cid),
+                               generator(self.fed.seed, "perfedmask", "finetune", self._round, cid),
+                               self.state["global"], lr)
             self.local_sgd(task, model, epochs=self.hp.finetune_epochs,
                            optim={"optimizer": "sgd", "momentum": self.hp.finetune_momentum,
                                   "weight_decay": self.hp.finetune_weight_decay})
         return model.vector
 
     def metrics(self, round_: int) -> dict[str, float]:
-        return {"trained_fraction": float(self.state["block_masks"].float().mean())}
+        return {"trained_fraction": float(self.state["trained_fraction"].mean()),
+                "mask_objective": float(self.state["objective"])}

@@ -8,6 +8,7 @@
     python scripts/fedcac_figures.py fig8 --run RUN_DIR    # partition dot plot of a run
     python scripts/fedcac_figures.py fig1a [--scale mini]  # angle between two clients' updates, several alpha
     python scripts/fedcac_figures.py fig1b [--scale mini]  # last-layer sensitivity, 4:4:1:1 class mix
+    python scripts/fedcac_figures.py all [--scale mini]    # every figure whose records exist (make plots)
 
 Figs. 3-6 read the table CSVs written by ``python -m bench.table conf/paper/fedcac/figN.yaml``; Fig. 7 and
 8 read one FedCAC run directory; Figs. 1a and 1b train what they plot (seeded, CPU-sized at mini scale).
@@ -35,13 +36,14 @@ from bench.plots import STYLE, save  # noqa: E402
 from bench.records import read_jsonl  # noqa: E402
 from bench.run import build_worker, to_container  # noqa: E402
 from bench.seeding import generator  # noqa: E402
+from bench.table import output_base  # noqa: E402
 from methods import METHODS  # noqa: E402
 
 OUT = Path("results/fedcac/figures")
 
 
 def table_csv(name: str, scale: str) -> pd.DataFrame:
-    path = Path("results/fedcac") / f"{name}{'' if scale == 'paper' else '_' + scale}.csv"
+    path = output_base("fedcac", name, scale).with_suffix(".csv")
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run python -m bench.table conf/paper/fedcac/{name}.yaml "
                                 f"--scale {scale} first")
@@ -195,9 +197,33 @@ def fig1b(scale: str, epochs: int) -> list[Path]:
         return save(fig, OUT / f"fig1b{'' if scale == 'paper' else '_mini'}")
 
 
+def first_fedcac_run(scale: str, runs: Path = Path("runs")) -> Path | None:
+    """A finished FedCAC run of Table 2 (Dirichlet; it records overlap matrices), if there is one."""
+    found = sorted(p.parent for p in (runs / "fedcac" / "table2" / scale / "fedcac").glob("*/summary.json"))
+    return found[0] if found else None
+
+
+def every_figure(scale: str, rounds: int, epochs: int) -> list[Path]:
+    """Figs. 3-6 whose table CSVs exist, Figs. 7-8 from a Table 2 FedCAC run, and Figs. 1a-1b."""
+    paths: list[Path] = []
+    for name, draw in (("fig3", lambda: bars("fig3", scale, "critical-parameter selection")),
+                       ("fig4", lambda: bars("fig4", scale, "collaboration schemes")),
+                       ("fig5", lambda: sweep("fig5", scale, "tau")), ("fig6", lambda: sweep("fig6", scale, "beta"))):
+        if output_base("fedcac", name, scale).with_suffix(".csv").exists():
+            paths += draw()
+        else:
+            print(f"skipped {name}: no table yet (make fedcac-{name} SCALE={scale})")
+    run = first_fedcac_run(scale)
+    if run is None:
+        print(f"skipped fig7, fig8: no FedCAC run of Table 2 yet (make table2 SCALE={scale})")
+    else:
+        paths += fig7(run) + fig8(run)
+    return paths + fig1a(scale, rounds) + fig1b(scale, epochs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["fig1a", "fig1b", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8"])
+    parser.add_argument("figure", choices=["fig1a", "fig1b", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "all"])
     parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
     parser.add_argument("--run", type=Path, help="run directory (fig7, fig8)")
     parser.add_argument("--rounds", type=int, default=30, help="fig1a rounds")
@@ -214,6 +240,7 @@ def main() -> None:
         "fig8": lambda: fig8(args.run),
         "fig1a": lambda: fig1a(args.scale, args.rounds),
         "fig1b": lambda: fig1b(args.scale, args.epochs),
+        "all": lambda: every_figure(args.scale, args.rounds, args.epochs),
     }[args.figure]()
     print("\n".join(map(str, paths)))
 

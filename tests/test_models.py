@@ -1,20 +1,23 @@
-"""Models: shapes, exact parameter counts from layer formulas, body/head naming, widths, pretrained loading."""
+"""Models: shapes, parameter counts from layer formulas, naming, widths, norm groups, pretrained loading."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import pytest
 import torch
 import torchvision
 from torch import nn
 
-from bench.models import MODELS, build_model, load_pretrained, param_groups, scaled
+from bench.models import MODELS, SplitModel, build_model, load_pretrained, param_groups, scaled
 
 
+# Parameter counts of single layers, written out from the layer formulas.
 def conv(k: int, cin: int, cout: int, bias: bool = False) -> int:
     return k * k * cin * cout + (cout if bias else 0)
 
 
-def bn(c: int) -> int:
+def norm(c: int) -> int:  # BN or GN affine: weight + bias
     return 2 * c
 
 
@@ -23,21 +26,26 @@ def linear(i: int, o: int) -> int:
 
 
 def block(cin: int, cout: int) -> int:
-    shortcut = conv(1, cin, cout) + bn(cout) if cin != cout else 0
-    return conv(3, cin, cout) + bn(cout) + conv(3, cout, cout) + bn(cout) + shortcut
+    """BasicBlock: two 3x3 convs + two norms, plus a 1x1 conv + norm shortcut when the shape changes."""
+    shortcut = conv(1, cin, cout) + norm(cout) if cin != cout else 0
+    return conv(3, cin, cout) + norm(cout) + conv(3, cout, cout) + norm(cout) + shortcut
+
+
+def stem(c: int) -> int:
+    return conv(7, 3, c) + norm(c)
 
 
 def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-INPUTS = {  # name -> (in_channels, image_size, num_classes)
+INPUTS = {  # name -> (in_channels, image_size, num_classes) at the intended input
     "resnet8": (3, 32, 10), "resnet10": (3, 64, 200), "resnet18": (3, 32, 10), "cnn_cifar100": (3, 32, 100),
     "cnn_fmnist": (1, 28, 10), "lenet64": (3, 64, 10), "small_cnn": (1, 8, 10),
 }
 
 
-def make(name: str, width: float = 1.0, **options) -> nn.Module:
+def make(name: str, width: float = 1.0, **options) -> SplitModel:
     c, s, k = INPUTS[name]
     return build_model(name, num_classes=k, in_channels=c, image_size=s, width=width, **options)
 
@@ -50,107 +58,279 @@ def test_every_registered_model_is_covered():
 @pytest.mark.parametrize("width", [1.0, 0.5, 0.25])
 def test_output_and_feature_shapes(name, width):
     c, s, k = INPUTS[name]
-    model = make(name, width).eval()
+    model = make(name, width)
     x = torch.rand(3, c, s, s)
     assert model(x).shape == (3, k)
     assert model.features(x).shape == (3, model.feature_dim)
+    assert model.body(x).shape == (3, model.feature_dim)
+    assert isinstance(model.head, nn.Linear)
     assert model.head.in_features == model.feature_dim and model.head.out_features == k
-    assert all(n.startswith(("body.", "head.")) for n, _ in model.named_parameters())
+    assert all(n.startswith(("body.", "head.")) for n in model.state_dict())
 
 
 def test_exact_parameter_counts_at_full_width():
-    resnet8 = conv(7, 3, 64) + bn(64) + block(64, 64) + block(64, 128) + block(128, 256) + linear(256, 10)
+    resnet8 = stem(64) + block(64, 64) + block(64, 128) + block(128, 256) + linear(256, 10)
     assert count(make("resnet8")) == resnet8 == 1_235_274
-    body10 = conv(7, 3, 64) + bn(64) + block(64, 64) + block(64, 128) + block(128, 256) + block(256, 512)
-    assert count(make("resnet10")) == body10 + linear(512, 200)
-    assert count(build_model("resnet10", num_classes=100, in_channels=3, image_size=32)) == body10 + linear(512, 100)
+
+    body10 = stem(64) + block(64, 64) + block(64, 128) + block(128, 256) + block(256, 512)
+    assert count(make("resnet10")) == body10 + linear(512, 200) == 5_008_392
+    r10_100 = build_model("resnet10", num_classes=100, in_channels=3, image_size=32)
+    assert count(r10_100) == body10 + linear(512, 100) == 4_957_092
+
     cifar_cnn = conv(5, 3, 64, True) + conv(5, 64, 64, True) + linear(1600, 384) + linear(384, 192)
-    assert count(make("cnn_cifar100")) == cifar_cnn + linear(192, 100)
+    assert count(make("cnn_cifar100")) == cifar_cnn + linear(192, 100) == 815_332
+
     fm = conv(5, 1, 32, True) + conv(5, 32, 64, True) + linear(3136, 512) + linear(512, 128) + linear(128, 10)
-    assert count(make("cnn_fmnist")) == fm
-    lenet = conv(5, 3, 64, True) + conv(5, 64, 64, True) + linear(10816, 384) + linear(384, 192) + linear(192, 10)
-    assert count(make("lenet64")) == lenet
+    assert count(make("cnn_fmnist")) == fm == 1_725_194
+
+    lenet = (conv(5, 3, 64, True) + conv(5, 64, 64, True) + linear(10816, 384) + linear(384, 192)
+             + linear(192, 10))
+    assert count(make("lenet64")) == lenet == 4_336_906
+
     small = conv(3, 1, 32, True) + conv(3, 32, 64, True) + linear(64 * 4 * 4, 128) + linear(128, 10)
-    assert count(make("small_cnn")) == small
+    assert count(make("small_cnn")) == small == 151_306
+
+
+def resnet18_count(c: int, classes: int) -> int:
+    widths = [c, 2 * c, 4 * c, 8 * c]
+    total, cin = stem(c), c
+    for w in widths:
+        total += block(cin, w) + block(w, w)
+        cin = w
+    return total + linear(8 * c, classes)
 
 
 def test_resnet18_matches_torchvision_count_in_bn_and_gn():
-    reference = torchvision.models.resnet18(num_classes=10)
-    assert count(make("resnet18")) == count(reference) == 11_181_642
-    assert count(make("resnet18", norm="gn", gn_groups=2)) == count(reference)
-    gn = make("resnet18", norm="gn")
+    reference = torchvision.models.resnet18(weights=None, num_classes=10)
+    assert count(make("resnet18")) == count(reference) == resnet18_count(64, 10) == 11_181_642
+    gn = make("resnet18", norm="gn", gn_groups=2)
+    assert count(gn) == count(reference)
     assert all(m.num_groups == 2 for m in gn.modules() if isinstance(m, nn.GroupNorm))
+    assert sum(isinstance(m, nn.GroupNorm) for m in gn.modules()) == 20  # 1 stem + 16 in blocks + 3 shortcuts
     assert not any(isinstance(m, nn.BatchNorm2d) for m in gn.modules())
 
 
-def test_half_width_counts():
-    half = conv(7, 3, 32) + bn(32) + block(32, 32) + block(32, 64) + block(64, 128) + linear(128, 10)
-    assert count(make("resnet8", 0.5)) == half
+def test_resnet18_state_dict_keys_mirror_torchvision():
+    reference = torchvision.models.resnet18(weights=None).state_dict()
+    ours = make("resnet18").state_dict()
+    expected = {("head." + k[3:]) if k.startswith("fc.") else "body." + k for k in reference}
+    assert set(ours) == expected
+    assert "body.layer2.0.downsample.0.weight" in ours and "body.layer1.0.conv1.weight" in ours
+    stats = ("running_mean", "running_var", "num_batches_tracked")
+    gn_expected = {k for k in expected if not k.endswith(stats)}
+    assert set(make("resnet18", norm="gn").state_dict()) == gn_expected
+
+
+def test_reduced_width_counts():
+    r8 = stem(32) + block(32, 32) + block(32, 64) + block(64, 128) + linear(128, 10)
+    assert count(make("resnet8", 0.5)) == r8 == 312_490
+    assert count(make("resnet18", 0.5)) == resnet18_count(32, 10) == 2_801_450
     cnn = conv(5, 3, 32, True) + conv(5, 32, 32, True) + linear(800, 192) + linear(192, 96) + linear(96, 100)
-    assert count(make("cnn_cifar100", 0.5)) == cnn
+    assert count(make("cnn_cifar100", 0.5)) == cnn == 210_084
+    fm = conv(5, 1, 16, True) + conv(5, 16, 32, True) + linear(1568, 256) + linear(256, 64) + linear(64, 10)
+    assert count(make("cnn_fmnist", 0.5)) == fm == 432_010
+    lenet = (conv(5, 3, 32, True) + conv(5, 32, 32, True) + linear(5408, 192) + linear(192, 96)
+             + linear(96, 10))
+    assert count(make("lenet64", 0.5)) == lenet == 1_086_090
+    quarter = conv(5, 1, 8, True) + conv(5, 8, 16, True) + linear(784, 128) + linear(128, 32) + linear(32, 10)
+    assert count(make("cnn_fmnist", 0.25)) == quarter == 108_362
+
+
+def test_resnet_structure():
+    r8, r10 = make("resnet8"), make("resnet10")
+    assert r8.feature_dim == 256 and r10.feature_dim == 512
+    c1 = r8.body.conv1
+    assert (c1.kernel_size, c1.stride, c1.padding, c1.bias) == ((7, 7), (2, 2), (3, 3), None)
+    pool = r8.body.maxpool
+    assert isinstance(pool, nn.MaxPool2d) and (pool.kernel_size, pool.stride, pool.padding) == (3, 2, 1)
+    assert not hasattr(r8.body, "layer4") and len(r10.body.layer4) == 1
+    assert r8.body.layer1[0].downsample is None
+    for layer in (r10.body.layer2, r10.body.layer3, r10.body.layer4):
+        assert layer[0].conv1.stride == (2, 2) and layer[0].downsample[0].stride == (2, 2)
+    assert not any(m.bias is not None for m in r10.modules() if isinstance(m, nn.Conv2d))
+    bns = [m for m in r10.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert all(torch.all(m.weight == 1) and torch.all(m.bias == 0) for m in bns)
+    std = r10.body.layer4[0].conv2.weight.std().item()  # kaiming fan_out: sqrt(2 / (9 * 512))
+    assert abs(std - (2 / (9 * 512)) ** 0.5) < 0.05 * std
+
+
+def test_flatten_sizes_follow_the_input():
+    assert make("cnn_cifar100").body[7].in_features == 1600
+    assert make("cnn_fmnist").body[7].in_features == 3136
+    assert make("lenet64").body[7].in_features == 10816
+    odd = build_model("cnn_cifar100", num_classes=5, in_channels=1, image_size=28)  # 28-4=24/2=12-4=8/2=4
+    assert odd.body[7].in_features == 64 * 4 * 4 and odd(torch.rand(2, 1, 28, 28)).shape == (2, 5)
+    mnist_cnn = build_model("small_cnn", num_classes=10, in_channels=1, image_size=28)  # two pools: 7x7
+    assert mnist_cnn.body[-2].in_features == 64 * 7 * 7
+    custom = build_model("small_cnn", num_classes=4, in_channels=3, image_size=8, channels=(8, 16, 24),
+                         hidden=20)
+    assert custom.feature_dim == 20 and custom.body[-2].in_features == 24 * 4 * 4
 
 
 def test_width_rule():
     assert scaled(64, 1.0) == 64 and scaled(64, 0.5) == 32 and scaled(384, 1 / 16) == 24
-    assert scaled(3, 0.1) == 1 and scaled(10, 0.25) == 3
+    assert scaled(3, 0.1) == 1 and scaled(10, 0.25) == 3 and scaled(10, 0.3) == 3 and scaled(1, 0.01) == 1
+    model = make("resnet8", 0.1)  # ceil(6.4) = 7 stem channels; input channels and classes untouched
+    assert model.body.conv1.weight.shape == (7, 3, 7, 7) and model.head.out_features == 10
+
+
+def test_build_model_errors():
     with pytest.raises(ValueError, match="model.width=0"):
         make("small_cnn", 0.0)
+    with pytest.raises(TypeError, match="'bogus'.*norm"):
+        make("resnet8", bogus=1)
+    with pytest.raises(KeyError, match="resnet8"):
+        build_model("resnet9", num_classes=10, in_channels=3, image_size=32)
+    with pytest.raises(ValueError, match="model.options.norm='ln'"):
+        make("resnet18", norm="ln")
 
 
 def test_param_groups_find_norm_layers_by_type_including_buffers():
-    groups = param_groups(make("resnet8"))
-    assert "body.bn1.running_mean" in groups["norm"] and "body.layer2.0.downsample.1.weight" in groups["norm"]
-    assert not any("conv" in k for k in groups["norm"])
+    model = make("resnet8")
+    groups = param_groups(model)
+    assert "body.bn1.running_mean" in groups["norm"] and "body.bn1.running_var" in groups["norm"]
+    assert "body.layer2.0.downsample.1.weight" in groups["norm"]
+    assert len(groups["norm"]) == 9 * 5  # 9 BN layers x (weight, bias, running_mean, running_var, count)
+    assert not any("conv" in k or "downsample.0" in k for k in groups["norm"])
     assert groups["head"] == ["head.weight", "head.bias"]
+    assert set(groups["body"]) | set(groups["head"]) == set(model.state_dict())
+    assert set(param_groups(make("resnet18", norm="gn"))["norm"]) == {
+        k for k in make("resnet18", norm="gn").state_dict() if ".bn" in k or "downsample.1" in k}
+    assert param_groups(make("cnn_cifar100"))["norm"] == []
 
     class Odd(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.head = nn.Linear(2, 2)
-            self.body = nn.Sequential(nn.Linear(2, 2), nn.GroupNorm(1, 2))
-            self.conv_not_norm = nn.LayerNorm(2)  # misleading name, found by type
+            self.body = nn.Sequential(OrderedDict(fc=nn.Linear(2, 2), conv=nn.BatchNorm1d(2)))
+            self.conv_not_norm = nn.LayerNorm(2)  # misleading names: found by type
+            self.bn_but_linear = nn.Linear(2, 2)
+            self.inorm = nn.InstanceNorm2d(2, affine=True, track_running_stats=True)
+            self.gn = nn.GroupNorm(1, 2)
 
     odd = param_groups(Odd())
-    assert set(odd["norm"]) == {"body.1.weight", "body.1.bias", "conv_not_norm.weight", "conv_not_norm.bias"}
+    assert set(odd["norm"]) == {
+        "body.conv.weight", "body.conv.bias", "body.conv.running_mean", "body.conv.running_var",
+        "body.conv.num_batches_tracked", "conv_not_norm.weight", "conv_not_norm.bias", "inorm.weight",
+        "inorm.bias", "inorm.running_mean", "inorm.running_var", "inorm.num_batches_tracked", "gn.weight",
+        "gn.bias"}
 
 
-def test_same_seed_same_parameters():
+@pytest.mark.parametrize("name", ["resnet8", "resnet18", "lenet64", "small_cnn"])
+def test_same_seed_same_parameters(name):
     torch.manual_seed(3)
-    a = make("resnet8")
+    a = make(name).state_dict()
     torch.manual_seed(3)
-    b = make("resnet8")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    b = make(name).state_dict()
+    torch.manual_seed(4)
+    c = make(name).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["head.weight"], c["head.weight"])
+
+
+def test_building_does_not_touch_norm_statistics():
+    model = make("small_cnn", norm="bn")
+    assert model.training
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert torch.all(m.running_mean == 0) and torch.all(m.running_var == 1)
+            assert m.num_batches_tracked.item() == 0
+
+
+def test_gn_group_count_falls_back_to_a_divisor():
+    model = make("resnet18", width=0.35, norm="gn")  # 23 channels: gcd(2, 23) = 1 group
+    assert model.body.bn1.num_channels == 23 and model.body.bn1.num_groups == 1
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+
+
+def random_torchvision_resnet18(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    reference = torchvision.models.resnet18(weights=None)
+    with torch.no_grad():  # non-trivial BN affine parameters and statistics
+        for m in reference.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.1, 0.1)
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return reference
 
 
 def test_load_pretrained_reproduces_torchvision_features(tmp_path):
-    torch.manual_seed(0)
-    reference = torchvision.models.resnet18(weights=None)
-    with torch.no_grad():  # non-trivial BN statistics
-        for m in reference.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.1, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
+    reference = random_torchvision_resnet18()
     path = tmp_path / "resnet18.pth"
     torch.save(reference.state_dict(), path)
+    torch.manual_seed(1)
     ours = make("resnet18")
+    head_before = ours.head.weight.clone()
     load_pretrained(ours, path)
-    reference.fc = nn.Identity()
+    assert torch.equal(ours.head.weight, head_before)  # skip_head: the 10-class head is kept
+    reference.fc = nn.Linear(512, 10)
+    reference.fc.load_state_dict(ours.head.state_dict())
     x = torch.rand(2, 3, 32, 32)
-    assert torch.equal(ours.eval().features(x), reference.eval()(x))
+    ours.eval(), reference.eval()
+    with torch.no_grad():
+        assert torch.equal(ours(x), reference(x))
+        reference.fc = nn.Identity()
+        assert torch.equal(ours.features(x), reference(x))
 
 
-def test_load_pretrained_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.pth"):
-        load_pretrained(make("resnet18"), tmp_path / "missing.pth")
-    path = tmp_path / "r8.pth"
-    torch.save({k.removeprefix("body."): v for k, v in make("resnet8").state_dict().items()}, path)
-    with pytest.raises(ValueError, match="do not fit"):
-        load_pretrained(make("resnet18"), path)
+def test_load_pretrained_with_head_and_old_file_format(tmp_path):
+    reference = random_torchvision_resnet18(seed=2)
+    state = {k: v for k, v in reference.state_dict().items() if not k.endswith("num_batches_tracked")}
+    path = tmp_path / "old.pth"
+    torch.save(state, path)  # old torchvision files have no num_batches_tracked
+    ours = build_model("resnet18", num_classes=1000, in_channels=3, image_size=32)
+    load_pretrained(ours, path, skip_head=False)
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(ours.eval()(x), reference.eval()(x))
+    with pytest.raises(ValueError, match=r"head\.weight \(file \(1000, 512\), model \(10, 512\)\)"):
+        load_pretrained(make("resnet18"), path, skip_head=False)
+
+
+def test_load_pretrained_missing_file(tmp_path):
+    missing = tmp_path / "nowhere" / "resnet18-imagenet.pth"
+    with pytest.raises(FileNotFoundError, match="resnet18-imagenet.pth") as info:
+        load_pretrained(make("resnet18"), missing)
+    assert str(missing) in str(info.value) and "download" in str(info.value).lower()
+
+
+def test_load_pretrained_shape_mismatch_names_the_keys(tmp_path):
+    path = tmp_path / "r18.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    expected = r"do not fit.*body\.conv1\.weight \(file \(64, 3, 7, 7\), model \(32, 3, 7, 7\)\)"
+    with pytest.raises(ValueError, match=expected):
+        load_pretrained(make("resnet18", 0.5), path)
+    gray = build_model("resnet18", num_classes=10, in_channels=1, image_size=32)
+    with pytest.raises(ValueError, match="1 shape mismatch"):
+        load_pretrained(gray, path)
+
+
+def test_load_pretrained_missing_and_unexpected_keys_and_lenient_mode(tmp_path):
+    source = make("resnet8")
+    r8_path, r18_path = tmp_path / "r8.pth", tmp_path / "r18.pth"
+    torch.save({k.removeprefix("body."): v for k, v in source.state_dict().items() if k.startswith("body.")},
+               r8_path)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), r18_path)
+    with pytest.raises(ValueError, match=r"missing from the file: .*body\.layer4\.0\.conv1\.weight"):
+        load_pretrained(make("resnet10"), r8_path)
+    with pytest.raises(ValueError, match=r"the model lacks: .*body\.layer1\.1\.conv1\.weight"):
+        load_pretrained(make("resnet10"), r18_path)
+    # lenient: resnet8's three stages fit resnet10's first three exactly; layer4 keeps its initialisation
+    target = make("resnet10")
+    layer4 = target.body.layer4[0].conv1.weight.clone()
+    load_pretrained(target, r8_path, strict_body=False)
+    assert torch.equal(target.body.layer3[0].conv1.weight, source.body.layer3[0].conv1.weight)
+    assert torch.equal(target.body.bn1.running_var, source.body.bn1.running_var)
+    assert torch.equal(target.body.layer4[0].conv1.weight, layer4)
+    with pytest.raises(ValueError, match="shape mismatch"):  # shapes are checked even when lenient
+        load_pretrained(make("resnet10", 0.5), r8_path, strict_body=False)
 
 
 def test_small_cnn_optional_batchnorm():
     plain, bn_model = make("small_cnn"), make("small_cnn", norm="bn")
-    assert count(bn_model) == count(plain) + bn(32) + bn(64)
+    assert count(bn_model) == count(plain) + norm(32) + norm(64)
     assert sum(isinstance(m, nn.BatchNorm2d) for m in bn_model.modules()) == 2
     with pytest.raises(ValueError, match="model.options.norm='gn'"):
         make("small_cnn", norm="gn")

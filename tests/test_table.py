@@ -77,7 +77,10 @@ def test_table_runs_missing_cells_and_shows_the_paper_beside_ours(tmp_path, caps
     md = write_table(spec, "paper", frame, problems, tmp_path / "results").read_text()
     assert "| method | A (ours) | A (paper) |" in md
     assert "54.33 ± 3.03" in md and "Not averaged in" in md
-    assert (tmp_path / "results" / "fedcac" / "table1.csv").exists()
+    for suffix in (".csv", ".tex"):
+        assert (tmp_path / "results" / "fedcac" / "paper-scale" / f"table1{suffix}").exists()
+    tex = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tex").read_text()
+    assert r"54.33 $\pm$ 3.03" in tex and r"\begin{tabular}" in tex and "pFedGate" in tex
 
 
 def test_mini_tables_are_labelled_as_stand_ins(tmp_path):
@@ -85,10 +88,10 @@ def test_mini_tables_are_labelled_as_stand_ins(tmp_path):
     dirs = run_cells(expand(spec, "mini", out_dir=str(tmp_path / "runs")))
     frame, problems = collect(spec, "mini", dirs)
     md = write_table(spec, "mini", frame, problems, tmp_path / "results").read_text()
-    assert "Mini-scale stand-in" in md and (tmp_path / "results" / "fedcac" / "table1_mini.md").exists()
+    assert "Mini-scale stand-in" in md and (tmp_path / "results" / "fedcac" / "table1.md").exists()
 
 
-@pytest.mark.parametrize("table", ["table1", "table2", "table3", "table4"])
+@pytest.mark.parametrize("table", ["table1", "table2", "table3", "table4", "fig3", "fig4", "fig5", "fig6"])
 def test_fedcac_specs_expand_and_validate_at_both_scales(table):
     spec = load_spec(ROOT / "conf" / "paper" / "fedcac" / f"{table}.yaml")
     for scale in ("mini", "paper"):

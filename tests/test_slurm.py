@@ -1,0 +1,112 @@
+"""On a real Slurm cluster (``scripts/slurm/up.sh``): a table as a job array with the records of a local run,
+requeue after preemption with identical records, and Hydra's ``submitit_slurm`` launcher.
+
+Skipped when no cluster answers, unless ``PFL_REQUIRE_SLURM=1`` (CI sets it), which turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.launch import RunBatch, load_launcher, with_threads
+from bench.run import execute, run_dir_for, to_container
+from bench.table import expand, load_spec, run_cells
+from tests.helpers import cli_args, config
+from tests.test_table import SPEC, spec_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cluster_problem() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "no Slurm client on PATH (scripts/slurm/up.sh installs and starts a one-node cluster)"
+    state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    if state.returncode != 0 or not state.stdout.strip():
+        return f"sinfo finds no cluster: {state.stderr.strip()} (run scripts/slurm/up.sh as root)"
+    if shutil.which("sacct") is None or subprocess.run(["sacct", "-n"], capture_output=True, timeout=30).returncode:
+        return "sacct does not work: submitit needs Slurm accounting (slurmdbd) to see job states"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    problem = _cluster_problem()
+    if problem and os.environ.get("PFL_REQUIRE_SLURM") == "1":
+        pytest.fail(f"PFL_REQUIRE_SLURM=1 but {problem}")
+    if problem:
+        pytest.skip(problem)
+
+
+def _files(run: Path) -> tuple[bytes, bytes]:
+    return (run / "rounds.jsonl").read_bytes(), (run / "summary.json").read_bytes()
+
+
+def test_a_table_as_a_slurm_job_array_equals_the_local_records(slurm, tmp_path, capsys):
+    text = SPEC.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
+                        "  - {name: Broken, overrides: [method=fedavg, dataset=cifar10, data_root=/nonexistent]}\n")
+    spec = load_spec(spec_file(tmp_path, text))
+    on_slurm = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "slurm")), spec=spec,
+                         launcher=load_launcher("slurm", ["launcher.timeout_min=10", "launcher.mem_gb=2"]))
+    out = capsys.readouterr().out
+    assert "submitted Slurm array" in out and "with 6 tasks" in out
+    assert "4 runs finished, 2 failed" in out and "FAILED Broken | A | seed 1" in out  # the rest still completes
+    local = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "local")), spec=spec,
+                      launcher=load_launcher("inline"))
+    for (cell, run), reference in zip(on_slurm.items(), local.values(), strict=True):
+        if cell.row != "Broken":
+            assert _files(run) == _files(reference), cell
+
+
+def _wait(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_a_preempted_job_is_requeued_and_ends_with_identical_records(slurm, tmp_path):
+    import submitit
+
+    overrides = ("rounds=150", "checkpoint.every_rounds=5", "num_clients=4")
+    cfg = with_threads([to_container(config(tmp_path / "slurm", *overrides))], load_launcher("slurm"))[0]
+    run = run_dir_for(cfg)
+    executor = submitit.AutoExecutor(folder=str(tmp_path / "logs" / "%j"), cluster="slurm")
+    executor.update_parameters(timeout_min=10, cpus_per_task=1, mem_gb=2, name="pfl-requeue-test")
+    job = executor.submit(RunBatch([cfg], [0]))
+
+    def checkpointed() -> bool:
+        if job.done():
+            raise AssertionError("the job ended before it could be preempted: give it more rounds")
+        return (run / "checkpoint.pt").exists()
+
+    _wait(checkpointed, 240, "the job's first checkpoint")
+    job._interrupt()  # what Slurm does on preemption: SIGTERM, then USR2 to the job
+    _wait(job.done, 300, "the requeued job to finish")
+    assert job.result() == [(0, True, "")]
+    log = Path(job.paths.stdout).read_text() + Path(job.paths.stderr).read_text()
+    assert "preempted" in log and "Requeued" in log
+
+    reference = to_container(config(tmp_path / "direct", *overrides))
+    execute({**reference, "threads": 1})
+    assert _files(run) == _files(run_dir_for(reference))
+
+
+def test_hydra_multirun_with_submitit_slurm_equals_direct_runs(slurm, tmp_path):
+    args = cli_args(tmp_path / "hydra", ["rounds=2"])
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "-m", "hydra/launcher=submitit_slurm",
+                           "hydra.launcher.timeout_min=5", "hydra.launcher.cpus_per_task=1", *args, "seed=0,1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for seed in (0, 1):
+        on_slurm = run_dir_for(to_container(config(tmp_path / "hydra", "rounds=2", f"seed={seed}")))
+        direct_cfg = to_container(config(tmp_path / "direct", "rounds=2", f"seed={seed}"))
+        execute({**direct_cfg, "threads": 1})
+        assert _files(on_slurm) == _files(run_dir_for(direct_cfg))
