@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import torch
 
 from bench.run import execute, run_dir_for, to_container
-from tests.helpers import cli_args, config
+from tests.helpers import cli_args, config, wandb_records
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
@@ -92,12 +91,7 @@ def test_wandb_offline_run_can_be_read_back(tmp_path):
     summary = execute(config(tmp_path, "rounds=3", "logger.wandb.mode=offline", "logger.wandb.tags=[unit]"))
     run_dir = run_dir_for(to_container(config(tmp_path, "rounds=3", "logger.wandb.mode=offline",
                                               "logger.wandb.tags=[unit]")))
-    files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(files) == 1
-    wandb_cli = Path(sys.executable).with_name("wandb")
-    dump = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(files[0])], capture_output=True,
-                          text=True, env=ENV, timeout=120, check=True).stdout
-    records = [json.loads(line) for line in dump.splitlines() if line.startswith("{")]
+    records = wandb_records(run_dir)
     run = next(r["run"] for r in records if r["type"] == "run")
     assert run["job_type"] == "fedavg" and run["run_group"] == "default"
     assert {"unit", "dataset:synthetic", "partition:pathological", "seed:0"} <= set(run["tags"])

@@ -77,6 +77,19 @@ def test_cells_carry_their_wandb_group_job_type_and_tags(tmp_path):
     assert {"scale:mini", "table:fedcac/table1", "cell:A--FedAvg"} <= set(wandb["tags"])
 
 
+def test_a_table_cell_logs_to_wandb_as_its_group_and_reads_back(tmp_path):
+    from tests.helpers import wandb_records
+
+    spec = load_spec(spec_file(tmp_path))
+    cells = expand(spec, "mini", out_dir=str(tmp_path / "runs"), extra=["logger.wandb.mode=offline"])
+    dirs = run_cells(cells[:1], spec=spec, scale="mini")
+    records = wandb_records(next(iter(dirs.values())))
+    run = next(r["run"] for r in records if r["type"] == "run")
+    assert run["run_group"] == "fedcac/table1/A--FedAvg" and run["job_type"] == "FedAvg"
+    assert {"scale:mini", "table:fedcac/table1", "dataset:synthetic", "seed:0"} <= set(run["tags"])
+    assert [r["history"]["item"]["_step"] for r in records if r["type"] == "history"] == [1]
+
+
 def test_collect_cli_writes_markdown_latex_csv_without_training(tmp_path):
     spec_path = spec_file(tmp_path)
     spec = load_spec(spec_path)
@@ -124,3 +137,48 @@ def test_table_cli_rejects_a_bad_launcher_setting_before_any_run(tmp_path):
     assert proc.returncode != 0 and "launcher.max_concurent is not a setting" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
+
+
+def test_hydra_capped_local_launcher_runs_in_waves_with_the_records_of_direct_runs(tmp_path):
+    from bench.run import execute, run_dir_for, to_container
+    from tests.helpers import cli_args, config
+
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "-m", "hydra/launcher=capped_local",
+                           "hydra.launcher.max_concurrent=1", *cli_args(tmp_path / "hydra", ["rounds=2"]), "seed=0,1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spans = []
+    for seed in (0, 1):
+        swept = run_dir_for(to_container(config(tmp_path / "hydra", "rounds=2", f"seed={seed}")))
+        spans.append(((swept / "config.yaml").stat().st_mtime, (swept / "summary.json").stat().st_mtime))
+        direct = to_container(config(tmp_path / "direct", "rounds=2", f"seed={seed}"))
+        execute({**direct, "threads": 1})  # the launcher's default cpus_per_task
+        for name in ("rounds.jsonl", "summary.json"):
+            assert (swept / name).read_bytes() == (run_dir_for(direct) / name).read_bytes()
+    spans.sort()
+    assert spans[0][1] <= spans[1][0]  # max_concurrent=1: the second job started after the first ended
+
+
+def test_killing_a_table_midway_keeps_finished_cells_and_a_rerun_completes_it(tmp_path):
+    import os
+    import signal
+    import time
+
+    spec_path = spec_file(tmp_path, SPEC.replace("rounds=2", "rounds=6"))
+    args = [sys.executable, "-m", "bench.table", str(spec_path), "--scale", "paper", "--launcher", "inline",
+            "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "runs").rglob("summary.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the table ended before it could be killed"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p.parent: p.read_bytes() for p in (tmp_path / "runs").rglob("summary.json")}
+    assert 1 <= len(finished) < 4
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"4 cells, {len(finished)} finished, {4 - len(finished)} to run" in rerun.stdout
+    assert all(run.joinpath("summary.json").read_bytes() == data for run, data in finished.items())
+    table = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.md").read_text()
+    assert "- partial:" not in table and "- missing:" not in table
