@@ -26,7 +26,8 @@ A table spec (YAML)::
         dataset_overrides: {mnist5k: [dataset.image_size=14]}
         rows: {FedCAC: [method.beta=4]}          # appended to that row's overrides
 
-A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells.
+A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
+``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
 
 Every cell's config is composed and validated before the first run starts, so a typo fails at once.
 Finished runs are reused (the run directory is a function of the config); only missing or failed cells
@@ -109,7 +110,8 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
             if row.get("unavailable"):
                 continue
             row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
-                         *mini.get("rows", {}).get(row["name"], [])]
+                         *mini.get("rows", {}).get(row["name"], []),
+                         *row.get("by_column", {}).get(column["name"], [])]  # e.g. tuned values
             for seed in seeds:
                 overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
                              *row["overrides"], *row_extra, *extra, f"seed={seed}")
@@ -266,6 +268,10 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
     for paragraph in caption(spec, scale):
         lines += [paragraph, ""]
     lines += [markdown_table(wide_table(frame, scale)), ""]
+    tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
+             for column, point in row.get("tuned", {}).items()]
+    if tuned:
+        lines += [f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", *[f"- {t}" for t in tuned], ""]
     if problems:
         lines += ["Not averaged in (missing, failed or partial runs):", *[f"- {p}" for p in problems], ""]
     return "\n".join(lines)
@@ -306,6 +312,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = [o for o in args.overrides if not o.startswith("launcher.")]
     launcher = load_launcher(args.launcher, launcher_overrides)
     spec = load_spec(args.spec)
+    if spec.get("tuning") and not args.dry_run:
+        from bench.tuning import tune
+
+        spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
     cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
     dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale)
     if not args.dry_run:

@@ -98,3 +98,29 @@ def test_fedcac_specs_expand_and_validate_at_both_scales(table):
         cells = expand(spec, scale)
         assert cells
         run_cells(cells, dry_run=True)  # composes and validates every cell
+
+
+def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_path):
+    from bench.launch import load_launcher
+    from bench.tuning import grid_points, tune
+
+    assert grid_points({"a": [1, 2], "b": [3]}) == [["a=1", "b=3"], ["a=2", "b=3"]]
+    text = SPEC + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    spec = load_spec(spec_file(tmp_path, text))
+    tuned = tune(spec, "paper", load_launcher("inline"), str(tmp_path / "runs"), (), tmp_path / "results")
+    report = json.loads((tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.json").read_text())
+    scores = {r["point"][0]: r["val_acc"] for r in report["results"] if "point" in r}
+    chosen = next(r for r in report["results"] if "chosen" in r)
+    assert chosen["chosen"] == [max(scores, key=scores.get)] and chosen["val_acc"] == max(scores.values())
+    separate = next(r for r in tuned["rows"] if r["name"] == "Separate")
+    assert separate["tuned"] == {"A": chosen["chosen"]}
+    final = [c for c in expand(tuned, "paper", out_dir=str(tmp_path / "runs")) if c.row == "Separate"]
+    assert [c.seed for c in final] == [0, 1] and all(c.overrides[-2] == chosen["chosen"][0] for c in final)
+    md = write_table(tuned, "paper", *collect(tuned, "paper", run_cells(final)), tmp_path / "results").read_text()
+    assert f"- Separate | A: {chosen['chosen'][0]}" in md
+    assert "✓" in (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.md").read_text()
+    tuning_runs = [p for p in (tmp_path / "runs").rglob("summary.json") if "-s7-" in str(p)]
+    assert len(tuning_runs) == 2  # one per grid point, on the tuning seed only
+    with pytest.raises(ValueError, match="tuning.grid names rows \\['Nope'\\]"):
+        tune(load_spec(spec_file(tmp_path, text.replace("    Separate:", "    Nope:"))), "paper",
+             load_launcher("inline"))

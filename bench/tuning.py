@@ -1,0 +1,123 @@
+"""Tuning protocol (optional per table): grid search on the clients' validation split, then the final seeds.
+
+A table spec may carry::
+
+    tuning:
+      seeds: [100]            # tuning seeds, kept apart from the table's final seeds
+      val_fraction: 0.2       # share of each client's training data held out as its validation split
+      grid:                   # row name -> {override: [values]}; the product of the lists is searched
+        FedProx: {method.mu: [0.001, 0.01, 0.1]}
+
+(``scales.mini.tuning`` replaces any of these keys at mini scale.) For every tuned row and every column,
+each grid point runs on the tuning seeds with the validation split; its score is the mean over those
+seeds of the best mean validation accuracy (the table protocol's stage and weighting). The best point
+(ties: the first in grid order) is added to that row's overrides for that column, and the table then
+runs on its final seeds. Choices and all scores are written next to the table as
+``<table>.tuning.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from bench.collect import markdown_table
+from bench.records import RunDir, atomic_write_json, atomic_write_text
+from bench.summary import pick
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[list[str]]:
+    """The override lists of a grid, in order: ``{"a": [1, 2], "b": [3]}`` -> ``[["a=1", "b=3"], ["a=2", "b=3"]]``."""
+    keys = list(grid)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"tuning.grid value of {key!r} is {values!r}: it must be a non-empty list")
+    return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)] for combo in itertools.product(*grid.values())]
+
+
+def settings(spec: dict[str, Any], scale: str) -> dict[str, Any]:
+    tuning = {**spec["tuning"], **(spec.get("scales", {}).get("mini", {}).get("tuning", {}) if scale == "mini" else {})}
+    rows = {r["name"] for r in spec["rows"]}
+    unknown = sorted(set(tuning.get("grid", {})) - rows)
+    if unknown:
+        raise ValueError(f"tuning.grid names rows {unknown} that the table does not have: rows are {sorted(rows)}")
+    if not tuning.get("seeds") or not 0 < float(tuning.get("val_fraction", 0)) < 1:
+        raise ValueError(f"tuning needs seeds (a non-empty list) and val_fraction in (0, 1); got {tuning}")
+    return tuning
+
+
+def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
+         extra: Sequence[str] = (), results_dir: str | os.PathLike = "results") -> dict[str, Any]:
+    """Run the grid, write the choices, and return the spec with each tuned row's choice per column."""
+    from bench.table import expand, label, output_base, run_cells
+
+    tuning = settings(spec, scale)
+    proto = spec["protocol"]
+    search = copy.deepcopy(spec)
+    search["rows"], points = [], {}
+    for row in spec["rows"]:
+        if row["name"] not in tuning.get("grid", {}) or row.get("unavailable"):
+            continue
+        for i, point in enumerate(grid_points(tuning["grid"][row["name"]])):
+            name = f"{row['name']} [{', '.join(point)}]"
+            points[name] = (row["name"], i, point)
+            by_column = {c["name"]: [*row.get("by_column", {}).get(c["name"], []), *point] for c in spec["columns"]}
+            search["rows"].append({**row, "name": name, "by_column": by_column})  # last, so the point wins
+    if not points:
+        return spec
+    cells = expand(search, scale, tuning["seeds"], out_dir,
+                   [*extra, f"partition.val_fraction={tuning['val_fraction']}", "eval.primary.selection=best_val"])
+    print(f"tuning: {len(points)} grid points x {len(spec['columns'])} columns x {len(tuning['seeds'])} seeds",
+          flush=True)
+    dirs = run_cells(cells, launcher=launcher, spec=search, scale=scale)
+    scores: dict[tuple[str, str], list[float]] = {}
+    for cell, path in dirs.items():
+        run = RunDir(path)
+        value = math.nan
+        if run.is_complete():
+            summary = json.loads(run.summary.read_text())
+            value = pick(summary["results"], proto["stage"], "best_val", proto["weighting"])["val_acc"]
+        scores.setdefault((cell.row, cell.column), []).append(value)
+    tuned = copy.deepcopy(spec)
+    report: list[dict[str, Any]] = []
+    for row in tuned["rows"]:
+        candidates = [(name, i, point) for name, (r, i, point) in points.items() if r == row["name"]]
+        for column in spec["columns"]:
+            ranked = []
+            for name, i, point in candidates:
+                vals = scores.get((name, column["name"]), [])
+                mean = sum(vals) / len(vals) if vals and not any(math.isnan(v) for v in vals) else math.nan
+                ranked.append((mean, i, point))
+                report.append({"row": row["name"], "column": column["name"], "point": point, "val_acc": mean})
+            finished = [r for r in ranked if not math.isnan(r[0])]
+            if not candidates:
+                continue
+            if not finished:
+                raise RuntimeError(f"tuning of {row['name']} | {column['name']}: no grid point finished")
+            best = max(finished, key=lambda r: (r[0], -r[1]))
+            row.setdefault("by_column", {})[column["name"]] = [*row.get("by_column", {}).get(column["name"], []),
+                                                              *best[2]]
+            row.setdefault("tuned", {})[column["name"]] = best[2]
+            report.append({"row": row["name"], "column": column["name"], "chosen": best[2], "val_acc": best[0]})
+    base = output_base(spec["paper"], f"{label(spec)}.tuning", scale, results_dir)
+    atomic_write_json(base.with_name(base.name + ".json"), {"settings": tuning, "protocol": proto, "results": report})
+    chosen = {(r["row"], r["column"]): r for r in report if "chosen" in r}
+
+    frame = pd.DataFrame([{"row": r["row"], "column": r["column"], "grid point": ", ".join(r["point"]),
+                           "mean best val acc": f"{r['val_acc']:.2f}",
+                           "chosen": "✓" if chosen[(r["row"], r["column"])]["chosen"] == r["point"] else ""}
+                          for r in report if "point" in r]).set_index("row")
+    text = [f"# Tuning for {spec['paper']} {label(spec)} ({scale} scale)", "",
+            f"Grid search on each client's validation split (val_fraction={tuning['val_fraction']}), seeds "
+            f"{tuning['seeds']}; score = mean over seeds of the best mean validation accuracy "
+            f"(stage={proto['stage']}, weighting={proto['weighting']}); ties go to the first grid point. "
+            "The chosen values are used for the table's final seeds.", "", markdown_table(frame), ""]
+    atomic_write_text(base.with_name(base.name + ".md"), "\n".join(text))
+    return tuned
