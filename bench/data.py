@@ -111,7 +111,7 @@ def _load_all(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[Image
     return train, test
 
 
-def build_federated_data(
+def load_and_partition(
     dataset_cfg: Mapping[str, Any],
     partition_cfg: Mapping[str, Any],
     *,
@@ -119,9 +119,8 @@ def build_federated_data(
     data_seed: int,
     data_root: str | None = None,
     cache_dir: str | Path | None = None,
-    device: str | torch.device = "cpu",
-) -> FederatedData:
-    """Load the sources, partition them (cached) and gather the used samples into a pool on ``device``."""
+) -> tuple[list[ImageData], list[ImageData], LabelInfo, Partition]:
+    """Load the sources and partition them (cached); raises DataSourceError / PartitionError on bad input."""
     train, test = _load_all(dataset_cfg, data_root)
     classes = train[0].classes
     for part in train + test:
@@ -147,6 +146,24 @@ def build_federated_data(
         val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
         **params,
     )
+    return train, test, labels, partition
+
+
+def build_federated_data(
+    dataset_cfg: Mapping[str, Any],
+    partition_cfg: Mapping[str, Any],
+    *,
+    num_clients: int,
+    data_seed: int,
+    data_root: str | None = None,
+    cache_dir: str | Path | None = None,
+    device: str | torch.device = "cpu",
+) -> FederatedData:
+    """Load the sources, partition them (cached) and gather the used samples into a pool on ``device``."""
+    train, test, labels, partition = load_and_partition(dataset_cfg, partition_cfg, num_clients=num_clients,
+                                                        data_seed=data_seed, data_root=data_root,
+                                                        cache_dir=cache_dir)
+    classes = train[0].classes
     pool_images = torch.cat([p.images for p in train + test])
     pool_labels = torch.cat([labels.train_labels, labels.test_labels])
     # Keep only the samples some client uses, so device memory follows the federation, not the source.

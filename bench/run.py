@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import methods  # noqa: F401  (registers every method)
 from bench.collect import partition_label
-from bench.data import build_federated_data
+from bench.data import build_federated_data, load_and_partition
 from bench.engine import METHODS, Engine, EngineConfig, Federation, hyperparameters
 from bench.flat import FlatModel
 from bench.models import MODELS, build_model, load_pretrained
@@ -63,8 +63,21 @@ def run_dir_for(cfg: Mapping[str, Any]) -> Path:
     return Path(cfg["out_dir"]) / cfg.get("exp", "default") / cfg["method"]["name"] / name
 
 
+def import_plugins(cfg: Mapping[str, Any]) -> None:
+    """Import the config's ``imports`` (modules that register your own methods, models or data sources)."""
+    import importlib
+
+    for name in cfg.get("imports") or []:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(f"imports: module {name!r} cannot be imported ({err}); give a module importable "
+                             "from the project root or installed in the environment") from err
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
     """Check names and values before anything is loaded or launched; errors name the key and the fix."""
+    import_plugins(cfg)
     method = cfg["method"]
     hyperparameters(METHODS.get(method["name"]), {k: v for k, v in method.items() if k != "name"})
     MODELS.get(cfg["model"]["name"])
@@ -86,6 +99,13 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError("eval.primary.selection=best_val needs a validation split: set partition.val_fraction > 0")
     if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
+
+
+def check_data(cfg: Mapping[str, Any]) -> None:
+    """Load the data set and build (and cache) the partition of a run: a missing data set or an impossible
+    partition fails here, with the loader's or partitioner's message, instead of inside a launched job."""
+    load_and_partition(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
+                       data_seed=int(cfg["data_seed"]), data_root=cfg.get("data_root"), cache_dir=cfg.get("cache_dir"))
 
 
 def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:

@@ -55,7 +55,7 @@ from bench.collect import latex_table, markdown_table
 from bench.compose import compose_config
 from bench.launch import launch, load_launcher
 from bench.records import RunDir, atomic_write_text
-from bench.run import run_dir_for, to_container, validate
+from bench.run import check_data, run_dir_for, to_container, validate
 from bench.summary import pick
 
 PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
@@ -158,9 +158,33 @@ def cell_config(cell: Cell, spec: dict[str, Any] | None = None, scale: str = "pa
     return cfg
 
 
+def check_inputs(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> None:
+    """Load every distinct (data set, partition) of ``cells`` once (the partitions are cached for the jobs);
+    raise one error naming every cell whose data is missing or whose partition is impossible."""
+    seen: dict[str, str | None] = {}
+    problems = []
+    for cell in cells:
+        cfg = configs[cell]
+        key = json.dumps([cfg["dataset"], cfg["partition"], cfg["num_clients"], cfg["data_seed"],
+                          cfg.get("data_root")], sort_keys=True, default=str)
+        if key not in seen:
+            try:
+                check_data(cfg)
+                seen[key] = None
+            except (OSError, ValueError) as err:  # DataSourceError, PartitionError
+                seen[key] = str(err)
+        if seen[key]:
+            problems.append(f"{cell.row} | {cell.column} | seed {cell.seed}: {seen[key]}")
+    if problems:
+        shown = "\n".join(f"- {p}" for p in problems[:10]) + (f"\n- ... and {len(problems) - 10} more"
+                                                            if len(problems) > 10 else "")
+        raise ValueError(f"{len(problems)} cells cannot run (nothing was launched):\n{shown}")
+
+
 def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[str, Any] | None = None,
-              spec: dict[str, Any] | None = None, scale: str = "paper") -> dict[Cell, Path]:
-    """Compose and validate every cell first, then launch the missing or failed ones."""
+              spec: dict[str, Any] | None = None, scale: str = "paper", precheck: bool = True) -> dict[Cell, Path]:
+    """Compose and validate every cell first, check the data of the missing ones (``precheck``), then launch
+    them."""
     launcher = launcher or load_launcher("inline")
     configs = {}
     for cell in cells:
@@ -173,6 +197,8 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
           + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
     if dry_run or not missing:
         return dirs
+    if precheck:
+        check_inputs(missing, configs)
     log_dir = Path(configs[missing[0]]["out_dir"]) / ".launch" / str(configs[missing[0]].get("exp", "default"))
     outcomes = launch([configs[c] for c in missing], launcher, log_dir)
     failed = 0
@@ -302,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out-dir", default="runs", help="where run directories go")
     parser.add_argument("--results", default="results", help="where tables go")
     parser.add_argument("--dry-run", action="store_true", help="validate and count cells, run nothing")
+    parser.add_argument("--no-precheck", dest="precheck", action="store_false",
+                        help="skip loading each data set and partition here before launching")
     parser.add_argument("overrides", nargs="*",
                         help="Hydra overrides for every cell (device=cuda) and launcher settings (launcher.mem_gb=8)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -317,7 +345,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
     cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
-    dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale)
+    dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
+                     precheck=args.precheck)
     if not args.dry_run:
         frame, problems = collect(spec, args.scale, dirs)
         print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)}")

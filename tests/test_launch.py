@@ -56,17 +56,32 @@ def test_local_launcher_caps_concurrent_processes(tmp_path):
 
 def test_a_failing_run_is_reported_with_its_log_and_the_table_still_completes(tmp_path, capsys):
     text = SPEC.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
-                        "  - {name: Broken, overrides: [method=fedavg, dataset=cifar10, data_root=/nonexistent]}\n")
+                        "  - {name: Broken, overrides: ['imports=[tests.failing_method]', method=fedavg, "
+                        "method.name=fails_in_round, +method.fail_round=2]}\n")
     spec = load_spec(spec_file(tmp_path, text))
     cells = expand(spec, "paper", out_dir=str(tmp_path / "runs"))
     dirs = run_cells(cells, launcher=load_launcher("local", ["launcher.runs_per_job=2"]), spec=spec)
     out = capsys.readouterr().out
     assert "4 runs finished, 2 failed" in out and "FAILED Broken | A | seed 0" in out and ".out" in out
     broken = [d for c, d in dirs.items() if c.row == "Broken"]
-    assert all("cifar" in (d / "error.txt").read_text().lower() for d in broken)
+    assert all("deliberate failure in round 2" in (d / "error.txt").read_text() for d in broken)
+    assert all((d / "rounds.jsonl").exists() for d in broken)  # it did start: round 1 is recorded
     frame, problems = collect_table(spec, "paper", dirs)
     assert sum(p.startswith("failed: Broken | A") for p in problems) == 2
     assert frame.set_index("method").loc["FedAvg", "seeds"] == 2
+
+
+def test_missing_data_or_an_impossible_partition_fails_before_any_launch(tmp_path):
+    text = SPEC.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
+                        "  - {name: NoData, overrides: [method=fedavg, dataset=cifar10, data_root=/nonexistent]}\n"
+                        "  - {name: TooMany, overrides: [method=fedavg, partition.classes_per_client=50]}\n")
+    spec = load_spec(spec_file(tmp_path, text))
+    with pytest.raises(ValueError, match="4 cells cannot run \\(nothing was launched\\)") as err:
+        run_cells(expand(spec, "paper", out_dir=str(tmp_path / "runs")), launcher=load_launcher("local"))
+    message = str(err.value)
+    assert "NoData | A | seed 0" in message and "cifar-10-batches-py" in message
+    assert "TooMany | A | seed 1" in message and "classes_per_client" in message
+    assert not (tmp_path / "runs").exists()
 
 
 def test_cells_carry_their_wandb_group_job_type_and_tags(tmp_path):

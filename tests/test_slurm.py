@@ -50,7 +50,8 @@ def _files(run: Path) -> tuple[bytes, bytes]:
 
 def test_a_table_as_a_slurm_job_array_equals_the_local_records(slurm, tmp_path, capsys):
     text = SPEC.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
-                        "  - {name: Broken, overrides: [method=fedavg, dataset=cifar10, data_root=/nonexistent]}\n")
+                        "  - {name: Broken, overrides: ['imports=[tests.failing_method]', method=fedavg, "
+                        "method.name=fails_in_round, +method.fail_round=2]}\n")
     spec = load_spec(spec_file(tmp_path, text))
     on_slurm = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "slurm")), spec=spec,
                          launcher=load_launcher("slurm", ["launcher.timeout_min=10", "launcher.mem_gb=2"]))

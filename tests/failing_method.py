@@ -1,0 +1,26 @@
+"""A method that fails during training (``imports=[tests.failing_method] method.name=fails_in_round
++method.fail_round=2``): tests of
+failure reporting load it into launched jobs through the config's ``imports``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.engine import METHODS, ClientRound
+from bench.flat import FlatModel
+from methods.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FailingHyper:
+    fail_round: int  # the round whose local training raises
+
+
+@METHODS.register("fails_in_round")
+class FailsInRound(FedAvg):
+    Hyper = FailingHyper
+
+    def train_client(self, task: ClientRound, model: FlatModel) -> float:
+        if task.round == self.hp.fail_round:
+            raise RuntimeError(f"deliberate failure in round {task.round}")
+        return super().train_client(task, model)
