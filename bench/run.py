@@ -34,7 +34,7 @@ from datasets.partition_report import write_partition_report
 from datasets.sources import SOURCES
 
 #: config keys that do not change what is computed (excluded from the run's identity)
-NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "cache_dir",
+NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "cache_dir", "imports",
                 "data_root", "hydra", "dataset.root", "dataset.download")
 
 
