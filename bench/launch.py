@@ -138,16 +138,23 @@ def _local(configs: list[dict[str, Any]], launcher: Mapping[str, Any], log_dir: 
     todo = batches(len(configs), int(launcher["runs_per_job"]))
     running: list[tuple[Any, list[int]]] = []
     outcomes: list[Outcome] = []
-    while todo or running:
-        while todo and len(running) < cap:
-            batch = todo.pop(0)
-            running.append((executor.submit(RunBatch([configs[i] for i in batch], batch)), batch))
-        done = [(job, batch) for job, batch in running if job.done()]
-        for job, batch in done:
-            outcomes += _collect(job, batch)
-            running.remove((job, batch))
-        if not done:
-            time.sleep(0.2)
+    try:
+        while todo or running:
+            while todo and len(running) < cap:
+                batch = todo.pop(0)
+                running.append((executor.submit(RunBatch([configs[i] for i in batch], batch)), batch))
+            done = [(job, batch) for job, batch in running if job.done()]
+            for job, batch in done:
+                outcomes += _collect(job, batch)
+                running.remove((job, batch))
+            if not done:
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        for job, _ in running:
+            job.cancel(check=False)
+        print(f"interrupted: {len(running)} running jobs cancelled; finished runs are kept and the same command "
+              "resumes the rest from their checkpoints", flush=True)
+        raise
     return outcomes
 
 

@@ -13,11 +13,14 @@ A run that is killed and started again truncates ``rounds.jsonl`` to the checkpo
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
+import socket
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,26 @@ class RunDir:
         self.checkpoint = self.path / "checkpoint.pt"
         self.summary = self.path / "summary.json"
         self.timing = self.path / "timing.json"
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold ``.lock`` (flock) while running, so two processes never write one run directory (e.g. a table
+        re-run while its Slurm jobs still run). The OS drops the lock when the holder dies."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                raise RuntimeError(f"{self.path} is being run by another process ({handle.read().strip()}); wait "
+                                   "for it to finish, or stop it, then run again") from None
+            handle.truncate(0)
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            handle.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def is_complete(self) -> bool:
         if not self.summary.exists():

@@ -152,8 +152,14 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     run = RunDir(run_dir_for(conf))
     if run.is_complete():
         return json.loads(run.summary.read_text())
+    with run.exclusive():
+        if run.is_complete():  # finished by another process while this one waited to start
+            return json.loads(run.summary.read_text())
+        return _execute(conf, run)
+
+
+def _execute(conf: dict[str, Any], run: RunDir) -> dict[str, Any]:
     digest = config_hash(conf)
-    run.path.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(conf)))
     device = configure_torch(conf)
     started = time.time()

@@ -13,7 +13,8 @@ from typing import Any
 from bench.compose import compose_config
 
 FAST = ["dataset=synthetic", "model=small_cnn", "partition=pathological", "num_clients=4", "rounds=3",
-        "train.epochs=1", "train.batch_size=10", "train.lr=0.1", "quiet=true", "cache_dir=null"]
+        "train.epochs=1", "train.batch_size=10", "train.lr=0.1", "quiet=true", "cache_dir=null",
+        "logger.wandb.mode=disabled"]
 
 
 def config(tmp_path: Path, *overrides: str) -> Any:

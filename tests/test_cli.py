@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench.run import execute, run_dir_for, to_container
@@ -106,3 +107,24 @@ def test_wandb_offline_run_can_be_read_back(tmp_path):
         if r["type"] == "summary":
             summaries.update(r["summary"]["update"])
     assert summaries["primary/acc"] == summary["primary"]["acc"]
+
+
+def test_a_run_directory_in_use_by_another_process_is_left_alone(tmp_path):
+    from bench.records import RunDir
+
+    cfg = to_container(config(tmp_path))
+    run = RunDir(run_dir_for(cfg))
+    run.path.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "f.write('pid of the holder'); f.flush(); print('locked', flush=True); time.sleep(120)",
+         str(run.path / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RuntimeError, match="is being run by another process \\(pid of the holder\\)"):
+            execute(cfg)
+        assert not run.rounds.exists() and not run.config.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert execute(cfg)["complete"]  # the lock dies with its holder

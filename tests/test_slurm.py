@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch import RunBatch, load_launcher, with_threads
+from bench.records import RunDir
 from bench.run import execute, run_dir_for, to_container
 from bench.table import expand, load_spec, run_cells
 from tests.helpers import cli_args, config
@@ -48,21 +49,31 @@ def _files(run: Path) -> tuple[bytes, bytes]:
     return (run / "rounds.jsonl").read_bytes(), (run / "summary.json").read_bytes()
 
 
-def test_a_table_as_a_slurm_job_array_equals_the_local_records(slurm, tmp_path, capsys):
+def test_a_mini_paper_table_as_a_slurm_job_array_equals_the_local_records(slurm, tmp_path, capsys):
+    spec = load_spec(ROOT / "conf" / "paper" / "fedcac" / "table3.yaml")
+    launcher = load_launcher("slurm", ["launcher.timeout_min=20", "launcher.mem_gb=2"])
+    on_slurm = run_cells(expand(spec, "mini", [0], out_dir=str(tmp_path / "slurm"), extra=["cache_dir=null"]),
+                         spec=spec, scale="mini", launcher=launcher)
+    out = capsys.readouterr().out
+    assert "submitted Slurm array" in out and "with 6 tasks" in out and "6 runs finished, 0 failed" in out
+    local = run_cells(expand(spec, "mini", [0], out_dir=str(tmp_path / "local"), extra=["cache_dir=null"]),
+                      spec=spec, scale="mini", launcher=load_launcher("inline"))
+    for (cell, run), reference in zip(on_slurm.items(), local.values(), strict=True):
+        assert _files(run) == _files(reference), cell
+
+
+def test_a_failing_slurm_task_is_reported_with_its_log_and_the_rest_completes(slurm, tmp_path, capsys):
     text = SPEC.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
                         "  - {name: Broken, overrides: ['imports=[tests.failing_method]', method=fedavg, "
                         "method.name=fails_in_round, +method.fail_round=2]}\n")
     spec = load_spec(spec_file(tmp_path, text))
-    on_slurm = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "slurm")), spec=spec,
-                         launcher=load_launcher("slurm", ["launcher.timeout_min=10", "launcher.mem_gb=2"]))
+    dirs = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "slurm")), spec=spec,
+                     launcher=load_launcher("slurm", ["launcher.timeout_min=10", "launcher.mem_gb=2"]))
     out = capsys.readouterr().out
-    assert "submitted Slurm array" in out and "with 6 tasks" in out
-    assert "4 runs finished, 2 failed" in out and "FAILED Broken | A | seed 1" in out  # the rest still completes
-    local = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "local")), spec=spec,
-                      launcher=load_launcher("inline"))
-    for (cell, run), reference in zip(on_slurm.items(), local.values(), strict=True):
-        if cell.row != "Broken":
-            assert _files(run) == _files(reference), cell
+    assert "with 6 tasks" in out and "4 runs finished, 2 failed" in out
+    failure = next(line for line in out.splitlines() if line.startswith("FAILED Broken | A | seed 1"))
+    assert "_log.out" in failure
+    assert all(RunDir(d).is_complete() for c, d in dirs.items() if c.row != "Broken")
 
 
 def _wait(predicate, seconds: float, what: str) -> None:

@@ -16,7 +16,8 @@ table: "1"
 title: toy
 protocol: {stage: post, selection: best, weighting: unweighted}
 seeds: [0, 1]
-base: [rounds=2, num_clients=4, train.batch_size=10, cache_dir=null, quiet=true, partition.n_train=40,
+base: [rounds=2, num_clients=4, train.batch_size=10, cache_dir=null, quiet=true, logger.wandb.mode=disabled,
+       partition.n_train=40,
        partition.n_test=20]
 columns:
   - {name: A, dataset: synthetic, model: small_cnn, overrides: [partition=pathological],
