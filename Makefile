@@ -14,7 +14,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup demo test lint bench clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist demo test lint bench clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -36,7 +36,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed fashion-mnist
+
+# Fashion-MNIST (the Tiny-ImageNet stand-in of the FedCAC mini tables) from Debian, when root with apt;
+# otherwise the tables' pre-launch check says how to get it. Never fails the setup.
+fashion-mnist:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's dataset-fashion-mnist (FedCAC mini tables)"; \
+	  timeout 300 apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1 || \
+	  { timeout 300 apt-get update -qq >/dev/null 2>&1 && \
+	    timeout 300 apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1; } || \
+	  echo "could not install dataset-fashion-mnist; tables that need it will say how to get it"; fi
 
 demo: setup
 	$(PY) scripts/demo.py --out results/demo
@@ -67,6 +77,7 @@ collect: setup
 
 plots: setup
 	$(PY) -m bench.plots --scale $(strip $(SCALE))
+	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

@@ -75,8 +75,9 @@ def import_plugins(cfg: Mapping[str, Any]) -> None:
                              "from the project root or installed in the environment") from err
 
 
-def validate(cfg: Mapping[str, Any]) -> None:
-    """Check names and values before anything is loaded or launched; errors name the key and the fix."""
+def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
+    """Check names and values before anything is loaded or launched; errors name the key and the fix.
+    ``check_device=False`` when the run goes to another machine (a Slurm login node often has no GPU)."""
     import_plugins(cfg)
     method = cfg["method"]
     hyperparameters(METHODS.get(method["name"]), {k: v for k, v in method.items() if k != "name"})
@@ -97,7 +98,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"eval.primary.{key}={primary[key]!r} is invalid: use one of {list(allowed)}")
     if primary["selection"] == "best_val" and not cfg["partition"].get("val_fraction"):
         raise ValueError("eval.primary.selection=best_val needs a validation split: set partition.val_fraction > 0")
-    if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
+    if not str(cfg["device"]).startswith(("cpu", "cuda")):
+        raise ValueError(f"device={cfg['device']!r} is invalid: use cpu, cuda or cuda:<index>")
+    if check_device and str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
 
 

@@ -197,3 +197,16 @@ def test_killing_a_table_midway_keeps_finished_cells_and_a_rerun_completes_it(tm
     assert all(run.joinpath("summary.json").read_bytes() == data for run, data in finished.items())
     table = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.md").read_text()
     assert "- partial:" not in table and "- missing:" not in table
+
+
+def test_a_gpu_table_can_be_submitted_from_a_machine_without_a_gpu(tmp_path):
+    import torch
+
+    spec = load_spec(spec_file(tmp_path))
+    cells = expand(spec, "paper", out_dir=str(tmp_path / "runs"), extra=["device=cuda"])
+    run_cells(cells, dry_run=True, launcher=load_launcher("slurm"))  # validated; the job checks the GPU
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' but CUDA is not available here"):
+            run_cells(cells, dry_run=True, launcher=load_launcher("local"))
+    with pytest.raises(ValueError, match="device='gpu' is invalid"):
+        run_cells(expand(spec, "paper", extra=["device=gpu"]), dry_run=True, launcher=load_launcher("slurm"))
