@@ -72,7 +72,7 @@ def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs"
         if RunDir(run).is_complete():
             groups.setdefault(cell.column, {}).setdefault(cell.row, []).append(run)
     paths: list[Path] = []
-    base = output_base(spec["paper"], "figures", scale, results_dir)
+    base = output_base(spec["paper"], "figures", scale, results_dir) / "curves"
     stage = spec["protocol"]["stage"]
     for column, rows in groups.items():
         title = f"{spec['paper']} {label(spec)}: {column}" + (" (mini stand-in)" if scale == "mini" else "")

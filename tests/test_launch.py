@@ -126,7 +126,7 @@ def test_plots_draw_learning_curves_with_a_band_over_seeds(tmp_path):
     spec_path = spec_file(tmp_path, text)
     run_cells(expand(load_spec(spec_path), "mini", out_dir=str(tmp_path / "runs")))
     paths = plots.table_curves(spec_path, "mini", str(tmp_path / "runs"), str(tmp_path / "results"))
-    assert sorted(p.name for p in paths) == ["table1_A.pdf", "table1_A.png"]
+    assert sorted(p.name for p in paths) == ["table1_A.pdf", "table1_A.png"] and paths[0].parent.name == "curves"
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
