@@ -29,9 +29,9 @@ def test_fig3_to_fig6_from_table_csvs(tmp_path):
     out.mkdir(parents=True)
     rows = [{"method": m, "column": c, "mean": 50.0 + i, "std": 1.0} for i, m in enumerate(["A", "B"])
             for c in ["X", "Y"]]
-    pd.DataFrame(rows).to_csv(out / "fig3_mini.csv", index=False)
+    pd.DataFrame(rows).to_csv(out / "fig3.csv", index=False)
     sweep = [{"method": f"tau={t}", "column": "X", "mean": 60.0 + t, "std": 0.5} for t in (0.1, 0.5, 0.9)]
-    pd.DataFrame(sweep).to_csv(out / "fig5_mini.csv", index=False)
+    pd.DataFrame(sweep).to_csv(out / "fig5.csv", index=False)
     assert figure(tmp_path, "fig3") == ["results/fedcac/figures/fig3_mini.png", "results/fedcac/figures/fig3_mini.pdf"]
     figure(tmp_path, "fig5")
     proc = subprocess.run([sys.executable, str(SCRIPT), "fig4"], cwd=tmp_path, capture_output=True, text=True,
