@@ -74,24 +74,29 @@ class RunBatch:
     def __init__(self, configs: Sequence[Mapping[str, Any]], indices: Sequence[int]) -> None:
         self.configs = [dict(c) for c in configs]
         self.indices = list(indices)
+        self._interrupted = False
 
     def __call__(self) -> list[tuple[int, bool, str]]:
         from bench.run import execute
 
+        self._interrupted = False
         results = []
         for index, cfg in zip(self.indices, self.configs, strict=True):
             try:
                 execute(cfg)
                 results.append((index, True, ""))
-            except Exception:  # noqa: BLE001 - a failed run must not stop the rest of the batch
-                results.append((index, False, traceback.format_exc(limit=8)))
+            except Exception:
+                if self._interrupted:  # raised by submitit's signal handler (requeue failed, no time-outs left)
+                    raise
+                results.append((index, False, traceback.format_exc(limit=8)))  # the rest of the batch goes on
         return results
 
     def checkpoint(self) -> Any:
         """Called by submitit on preemption or time-out: requeue this batch unchanged."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(self)
+        self._interrupted = True
+        return submitit.helpers.DelayedSubmission(RunBatch(self.configs, self.indices))
 
 
 def with_threads(configs: Sequence[Mapping[str, Any]], launcher: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,14 +82,14 @@ def _wait(predicate, seconds: float, what: str) -> None:
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"gave up after {seconds:.0f} s waiting for {what}")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
-def test_a_preempted_job_is_requeued_and_ends_with_identical_records(slurm, tmp_path):
+def _submit_and_interrupt(tmp_path: Path, interrupt) -> tuple[Any, Path]:
+    """Submit one long run, interrupt it once it has a checkpoint, wait for the end; returns (job, run dir)."""
     import submitit
 
-    overrides = ("rounds=150", "checkpoint.every_rounds=5", "num_clients=4")
-    cfg = with_threads([to_container(config(tmp_path / "slurm", *overrides))], load_launcher("slurm"))[0]
+    cfg = with_threads([to_container(config(tmp_path / "slurm", *LONG))], load_launcher("slurm"))[0]
     run = run_dir_for(cfg)
     executor = submitit.AutoExecutor(folder=str(tmp_path / "logs" / "%j"), cluster="slurm")
     executor.update_parameters(timeout_min=10, cpus_per_task=1, mem_gb=2, name="pfl-requeue-test")
@@ -96,19 +97,55 @@ def test_a_preempted_job_is_requeued_and_ends_with_identical_records(slurm, tmp_
 
     def checkpointed() -> bool:
         if job.done():
-            raise AssertionError("the job ended before it could be preempted: give it more rounds")
+            raise AssertionError("the job ended before it could be interrupted: give it more rounds")
         return (run / "checkpoint.pt").exists()
 
     _wait(checkpointed, 240, "the job's first checkpoint")
-    job._interrupt()  # what Slurm does on preemption: SIGTERM, then USR2 to the job
-    _wait(job.done, 300, "the requeued job to finish")
-    assert job.result() == [(0, True, "")]
-    log = Path(job.paths.stdout).read_text() + Path(job.paths.stderr).read_text()
-    assert "preempted" in log and "Requeued" in log
+    interrupt(job)
 
-    reference = to_container(config(tmp_path / "direct", *overrides))
-    execute({**reference, "threads": 1})
-    assert _files(run) == _files(run_dir_for(reference))
+    def done() -> bool:  # Slurm holds a requeued job for ~2 minutes before it may start again: waive that
+        state = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], capture_output=True,
+                           timeout=30)
+        return job.done()
+
+    _wait(done, 300, "the requeued job to finish")
+    assert job.result() == [(0, True, "")]
+    return job, run
+
+
+LONG = ("rounds=300", "checkpoint.every_rounds=2", "num_clients=4")  # ~10 s; interrupted after round 2-4
+
+
+def _reference(tmp_path: Path) -> Path:
+    direct = to_container(config(tmp_path / "direct", *LONG))
+    execute({**direct, "threads": 1})
+    return run_dir_for(direct)
+
+
+def test_a_timed_out_job_checkpoints_is_requeued_and_ends_with_identical_records(slurm, tmp_path):
+    # what Slurm does signal_delay_s before the time limit: USR2 -> RunBatch.checkpoint -> scontrol requeue
+    job, run = _submit_and_interrupt(tmp_path, lambda job: job._interrupt(timeout=True))
+    log = Path(job.paths.stdout).read_text() + Path(job.paths.stderr).read_text()
+    assert "Calling checkpoint method" in log and "Requeued" in log
+    assert _files(run) == _files(_reference(tmp_path))
+
+
+def test_a_preempted_job_is_requeued_by_slurm_and_ends_with_identical_records(slurm, tmp_path):
+    # preemption with PreemptMode=REQUEUE: the scheduler kills the job and starts the same batch script again
+    def preempt(job: Any) -> None:
+        subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=30)
+
+    job, run = _submit_and_interrupt(tmp_path, preempt)
+    def states() -> list[str]:
+        return subprocess.run(["sacct", "-j", job.job_id, "-D", "-n", "-X", "-o", "State"], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+
+    _wait(lambda: states()[-1:] == ["COMPLETED"], 60, "sacct to record the end of the job")
+    assert "REQUEUED" in states()
+    assert _files(run) == _files(_reference(tmp_path))
 
 
 def test_hydra_multirun_with_submitit_slurm_equals_direct_runs(slurm, tmp_path):
