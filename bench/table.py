@@ -267,7 +267,8 @@ def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
         cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std)
     table = pd.DataFrame.from_dict(wide, orient="index")
     table.index.name = "method"
-    return table
+    empty = [c for c in table.columns if c.endswith(" (paper)") and (table[c] == "—").all()]
+    return table.drop(columns=empty)  # e.g. figures, whose values the paper only plots
 
 
 def title(spec: dict[str, Any], scale: str) -> str:
