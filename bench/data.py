@@ -100,37 +100,38 @@ class FederatedData:
         return torch.tensor([s[split].numel() for s in self.splits], dtype=torch.float64)
 
 
-def _load_all(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[ImageData], list[ImageData]]:
-    """Train and test parts of every domain named by the dataset config (one domain unless ``domains``)."""
+def load_sources(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[ImageData], list[ImageData]]:
+    """Train and test parts of every domain named by the dataset config (one domain unless ``domains``);
+    raises DataSourceError when files are missing."""
     names: Sequence[str] = cfg.get("domains") or [cfg["source"]]
     opts = dict(cfg.get("options") or {})
     kwargs = dict(image_size=cfg.get("image_size"), channels=cfg.get("channels"), download=cfg.get("download", False))
     root = cfg.get("root") or data_root
     train = [load_source(n, "train", root, **kwargs, **opts) for n in names]
     test = [load_source(n, "test", root, **kwargs, **opts) for n in names]
-    return train, test
-
-
-def load_and_partition(
-    dataset_cfg: Mapping[str, Any],
-    partition_cfg: Mapping[str, Any],
-    *,
-    num_clients: int,
-    data_seed: int,
-    data_root: str | None = None,
-    cache_dir: str | Path | None = None,
-) -> tuple[list[ImageData], list[ImageData], LabelInfo, Partition]:
-    """Load the sources and partition them (cached); raises DataSourceError / PartitionError on bad input."""
-    train, test = _load_all(dataset_cfg, data_root)
     classes = train[0].classes
     for part in train + test:
         if part.classes != classes:
             raise ValueError(f"domain {part.domain!r} has classes {part.classes}, expected {classes}")
+    return train, test
+
+
+def partition_sources(
+    train: Sequence[ImageData],
+    test: Sequence[ImageData],
+    dataset_name: str,
+    partition_cfg: Mapping[str, Any],
+    *,
+    num_clients: int,
+    data_seed: int,
+    cache_dir: str | Path | None = None,
+) -> tuple[LabelInfo, Partition]:
+    """The labels of loaded sources and their partition (cached); raises PartitionError on bad parameters."""
     multi = len(train) > 1
     labels = LabelInfo(
         train_labels=torch.cat([p.labels for p in train]),
         test_labels=torch.cat([p.labels for p in test]),
-        num_classes=len(classes),
+        num_classes=len(train[0].classes),
         train_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(train)]) if multi else None,
         test_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(test)]) if multi else None,
         domain_names=tuple(p.domain for p in train) if multi else (),
@@ -138,7 +139,7 @@ def load_and_partition(
     params = {k: v for k, v in partition_cfg.items() if k not in ("scheme", "val_fraction")}
     partition = cached_partition(
         cache_dir,
-        str(dataset_cfg["name"]),
+        dataset_name,
         str(partition_cfg["scheme"]),
         labels,
         num_clients,
@@ -146,7 +147,7 @@ def load_and_partition(
         val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
         **params,
     )
-    return train, test, labels, partition
+    return labels, partition
 
 
 def build_federated_data(
@@ -160,9 +161,9 @@ def build_federated_data(
     device: str | torch.device = "cpu",
 ) -> FederatedData:
     """Load the sources, partition them (cached) and gather the used samples into a pool on ``device``."""
-    train, test, labels, partition = load_and_partition(dataset_cfg, partition_cfg, num_clients=num_clients,
-                                                        data_seed=data_seed, data_root=data_root,
-                                                        cache_dir=cache_dir)
+    train, test = load_sources(dataset_cfg, data_root)
+    labels, partition = partition_sources(train, test, str(dataset_cfg["name"]), partition_cfg,
+                                          num_clients=num_clients, data_seed=data_seed, cache_dir=cache_dir)
     classes = train[0].classes
     pool_images = torch.cat([p.images for p in train + test])
     pool_labels = torch.cat([labels.train_labels, labels.test_labels])

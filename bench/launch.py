@@ -96,7 +96,7 @@ class RunBatch:
         import submitit
 
         self._interrupted = True
-        return submitit.helpers.DelayedSubmission(RunBatch(self.configs, self.indices))
+        return submitit.helpers.DelayedSubmission(self)  # __call__ clears the flag when the requeued job starts
 
 
 def with_threads(configs: Sequence[Mapping[str, Any]], launcher: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -104,8 +104,10 @@ def with_threads(configs: Sequence[Mapping[str, Any]], launcher: Mapping[str, An
     return [{**cfg, "threads": int(launcher["cpus_per_task"])} for cfg in configs]
 
 
-def batches(n: int, per_job: int) -> list[list[int]]:
-    return [list(range(i, min(i + per_job, n))) for i in range(0, n, per_job)]
+def job_batches(configs: Sequence[Mapping[str, Any]], per_job: int) -> list[RunBatch]:
+    """The configs cut into consecutive batches of ``per_job`` runs, one per job."""
+    return [RunBatch(configs[i:i + per_job], range(i, min(i + per_job, len(configs))))
+            for i in range(0, len(configs), per_job)]
 
 
 def launch(configs: Sequence[Mapping[str, Any]], launcher: Mapping[str, Any],
@@ -124,13 +126,13 @@ def _inline(configs: list[dict[str, Any]], launcher: Mapping[str, Any], log_dir:
     return [Outcome(i, ok, err, "(this process)") for i, ok, err in results]
 
 
-def _collect(job: Any, batch: Sequence[int]) -> list[Outcome]:
+def _collect(job: Any, batch: RunBatch) -> list[Outcome]:
     """Outcomes of a finished submitit job; a job that died without a result fails all its runs."""
     log = f"{job.paths.stdout} / {job.paths.stderr}"
     try:
         return [Outcome(i, ok, err, log) for i, ok, err in job.result()]
     except Exception as err:  # noqa: BLE001 - the job itself failed (killed, out of memory, ...)
-        return [Outcome(i, False, f"job {job.job_id} failed: {err!r}"[:2000], log) for i in batch]
+        return [Outcome(i, False, f"job {job.job_id} failed: {err!r}"[:2000], log) for i in batch.indices]
 
 
 @LAUNCHERS.register("local")
@@ -140,14 +142,14 @@ def _local(configs: list[dict[str, Any]], launcher: Mapping[str, Any], log_dir: 
     executor = submitit.AutoExecutor(folder=str(log_dir / "%j"), cluster="local")
     executor.update_parameters(timeout_min=int(launcher["timeout_min"]))
     cap = launcher.get("max_concurrent") or max(1, (os.cpu_count() or 1) // int(launcher["cpus_per_task"]))
-    todo = batches(len(configs), int(launcher["runs_per_job"]))
-    running: list[tuple[Any, list[int]]] = []
+    todo = job_batches(configs, int(launcher["runs_per_job"]))
+    running: list[tuple[Any, RunBatch]] = []
     outcomes: list[Outcome] = []
     try:
         while todo or running:
             while todo and len(running) < cap:
                 batch = todo.pop(0)
-                running.append((executor.submit(RunBatch([configs[i] for i in batch], batch)), batch))
+                running.append((executor.submit(batch), batch))
             done = [(job, batch) for job, batch in running if job.done()]
             for job, batch in done:
                 outcomes += _collect(job, batch)
@@ -179,13 +181,12 @@ def _slurm(configs: list[dict[str, Any]], launcher: Mapping[str, Any], log_dir: 
                               "mem_gb": launcher["mem_gb"], "name": launcher["job_name"]}
     params.update({f"slurm_{k}": launcher[k] for k in SLURM_KEYS if launcher.get(k) not in (None, [], {})})
     executor.update_parameters(**params)
-    todo = batches(len(configs), int(launcher["runs_per_job"]))
+    todo = job_batches(configs, int(launcher["runs_per_job"]))
     with executor.batch():  # one job array; each task is a RunBatch (checkpointable, so it is requeued)
-        jobs = [executor.submit(RunBatch([configs[i] for i in batch], batch)) for batch in todo]
+        jobs = [executor.submit(batch) for batch in todo]
     print(f"submitted Slurm array {jobs[0].job_id.split('_')[0]} with {len(jobs)} tasks; logs in {log_dir}",
           flush=True)
     outcomes: list[Outcome] = []
     for job, batch in zip(jobs, todo, strict=True):
         outcomes += _collect(job, batch)
     return outcomes
-

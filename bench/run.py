@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import methods  # noqa: F401  (registers every method)
 from bench.collect import partition_label
-from bench.data import build_federated_data, load_and_partition
+from bench.data import build_federated_data
 from bench.engine import METHODS, Engine, EngineConfig, Federation, hyperparameters
 from bench.flat import FlatModel
 from bench.models import MODELS, build_model, load_pretrained
@@ -102,13 +102,6 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
         raise ValueError(f"device={cfg['device']!r} is invalid: use cpu, cuda or cuda:<index>")
     if check_device and str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
-
-
-def check_data(cfg: Mapping[str, Any]) -> None:
-    """Load the data set and build (and cache) the partition of a run: a missing data set or an impossible
-    partition fails here, with the loader's or partitioner's message, instead of inside a launched job."""
-    load_and_partition(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
-                       data_seed=int(cfg["data_seed"]), data_root=cfg.get("data_root"), cache_dir=cfg.get("cache_dir"))
 
 
 def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:

@@ -53,9 +53,10 @@ from omegaconf import OmegaConf
 
 from bench.collect import latex_table, markdown_table
 from bench.compose import compose_config
+from bench.data import load_sources, partition_sources
 from bench.launch import launch, load_launcher
 from bench.records import RunDir, atomic_write_text
-from bench.run import check_data, run_dir_for, to_container, validate
+from bench.run import run_dir_for, to_container, validate
 from bench.summary import pick
 
 PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
@@ -111,7 +112,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
                 continue
             row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
                          *mini.get("rows", {}).get(row["name"], []),
-                         *row.get("by_column", {}).get(column["name"], [])]  # e.g. tuned values
+                         *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
             for seed in seeds:
                 overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
                              *row["overrides"], *row_extra, *extra, f"seed={seed}")
@@ -158,23 +159,39 @@ def cell_config(cell: Cell, spec: dict[str, Any] | None = None, scale: str = "pa
     return cfg
 
 
+def _data_problem(cfg: dict[str, Any], sources: dict[str, Any]) -> str | None:
+    """Why ``cfg``'s data set or partition cannot be built, or None; ``sources`` caches loaded data sets."""
+    where = json.dumps([cfg["dataset"], cfg.get("data_root")], sort_keys=True, default=str)
+    if where not in sources:
+        try:
+            sources[where] = load_sources(cfg["dataset"], cfg.get("data_root"))
+        except (OSError, ValueError) as err:  # DataSourceError and mismatched domains
+            sources[where] = str(err)
+    if isinstance(sources[where], str):
+        return sources[where]
+    try:
+        partition_sources(*sources[where], str(cfg["dataset"]["name"]), cfg["partition"],
+                          num_clients=cfg["num_clients"], data_seed=int(cfg["data_seed"]),
+                          cache_dir=cfg.get("cache_dir"))
+    except ValueError as err:  # PartitionError
+        return str(err)
+    return None
+
+
 def check_inputs(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> None:
-    """Load every distinct (data set, partition) of ``cells`` once (the partitions are cached for the jobs);
-    raise one error naming every cell whose data is missing or whose partition is impossible."""
-    seen: dict[str, str | None] = {}
+    """Load every data set of ``cells`` once and build each distinct partition (cached for the jobs); raise
+    one error naming every cell whose data is missing or whose partition is impossible."""
+    sources: dict[str, Any] = {}
+    verdicts: dict[str, str | None] = {}
     problems = []
     for cell in cells:
         cfg = configs[cell]
-        key = json.dumps([cfg["dataset"], cfg["partition"], cfg["num_clients"], cfg["data_seed"],
-                          cfg.get("data_root")], sort_keys=True, default=str)
-        if key not in seen:
-            try:
-                check_data(cfg)
-                seen[key] = None
-            except (OSError, ValueError) as err:  # DataSourceError, PartitionError
-                seen[key] = str(err)
-        if seen[key]:
-            problems.append(f"{cell.row} | {cell.column} | seed {cell.seed}: {seen[key]}")
+        which = json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"],
+                            cfg["data_seed"]], sort_keys=True, default=str)
+        if which not in verdicts:
+            verdicts[which] = _data_problem(cfg, sources)
+        if verdicts[which]:
+            problems.append(f"{cell.row} | {cell.column} | seed {cell.seed}: {verdicts[which]}")
     if problems:
         shown = "\n".join(f"- {p}" for p in problems[:10]) + (f"\n- ... and {len(problems) - 10} more"
                                                             if len(problems) > 10 else "")

@@ -42,6 +42,11 @@ def grid_points(grid: dict[str, list[Any]]) -> list[list[str]]:
     return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)] for combo in itertools.product(*grid.values())]
 
 
+def point_name(row: str, point: Sequence[str]) -> str:
+    """The name of a grid point's row in the search, e.g. ``FedProx [method.mu=0.01]``."""
+    return f"{row} [{', '.join(point)}]"
+
+
 def settings(spec: dict[str, Any], scale: str) -> dict[str, Any]:
     tuning = {**spec["tuning"], **(spec.get("scales", {}).get("mini", {}).get("tuning", {}) if scale == "mini" else {})}
     rows = {r["name"] for r in spec["rows"]}
@@ -60,25 +65,21 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
 
     tuning = settings(spec, scale)
     proto = spec["protocol"]
-    search = copy.deepcopy(spec)
-    search["rows"], points = [], {}
-    for row in spec["rows"]:
-        if row["name"] not in tuning.get("grid", {}) or row.get("unavailable"):
-            continue
-        for i, point in enumerate(grid_points(tuning["grid"][row["name"]])):
-            name = f"{row['name']} [{', '.join(point)}]"
-            points[name] = (row["name"], i, point)
-            by_column = {c["name"]: [*row.get("by_column", {}).get(c["name"], []), *point] for c in spec["columns"]}
-            search["rows"].append({**row, "name": name, "by_column": by_column})  # last, so the point wins
-    if not points:
+    grid = {row["name"]: grid_points(tuning["grid"][row["name"]]) for row in spec["rows"]
+            if row["name"] in tuning.get("grid", {}) and not row.get("unavailable")}
+    if not grid:
         return spec
+    search = copy.deepcopy(spec)
+    search["rows"] = [{**row, "name": point_name(row["name"], point),
+                       "tuned": {c["name"]: [*row.get("tuned", {}).get(c["name"], []), *point]
+                                 for c in spec["columns"]}}
+                      for row in spec["rows"] if row["name"] in grid for point in grid[row["name"]]]
     cells = expand(search, scale, tuning["seeds"], out_dir,
                    [*extra, f"partition.val_fraction={tuning['val_fraction']}", "eval.primary.selection=best_val"])
-    print(f"tuning: {len(points)} grid points x {len(spec['columns'])} columns x {len(tuning['seeds'])} seeds",
-          flush=True)
-    dirs = run_cells(cells, launcher=launcher, spec=search, scale=scale)
+    print(f"tuning: {len(search['rows'])} grid points x {len(spec['columns'])} columns x {len(tuning['seeds'])} "
+          "seeds", flush=True)
     scores: dict[tuple[str, str], list[float]] = {}
-    for cell, path in dirs.items():
+    for cell, path in run_cells(cells, launcher=launcher, spec=search, scale=scale).items():
         run = RunDir(path)
         value = math.nan
         if run.is_complete():
@@ -88,24 +89,19 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
     tuned = copy.deepcopy(spec)
     report: list[dict[str, Any]] = []
     for row in tuned["rows"]:
-        candidates = [(name, i, point) for name, (r, i, point) in points.items() if r == row["name"]]
-        for column in spec["columns"]:
-            ranked = []
-            for name, i, point in candidates:
-                vals = scores.get((name, column["name"]), [])
-                mean = sum(vals) / len(vals) if vals and not any(math.isnan(v) for v in vals) else math.nan
-                ranked.append((mean, i, point))
-                report.append({"row": row["name"], "column": column["name"], "point": point, "val_acc": mean})
-            finished = [r for r in ranked if not math.isnan(r[0])]
-            if not candidates:
-                continue
+        for column in spec["columns"] if row["name"] in grid else []:
+            means = []
+            for point in grid[row["name"]]:
+                vals = scores[(point_name(row["name"], point), column["name"])]
+                means.append(sum(vals) / len(vals))  # NaN if a seed did not finish
+                report.append({"row": row["name"], "column": column["name"], "point": point, "val_acc": means[-1]})
+            finished = [i for i, m in enumerate(means) if not math.isnan(m)]
             if not finished:
                 raise RuntimeError(f"tuning of {row['name']} | {column['name']}: no grid point finished")
-            best = max(finished, key=lambda r: (r[0], -r[1]))
-            row.setdefault("by_column", {})[column["name"]] = [*row.get("by_column", {}).get(column["name"], []),
-                                                              *best[2]]
-            row.setdefault("tuned", {})[column["name"]] = best[2]
-            report.append({"row": row["name"], "column": column["name"], "chosen": best[2], "val_acc": best[0]})
+            best = max(finished, key=lambda i: (means[i], -i))  # ties: the first grid point
+            row.setdefault("tuned", {})[column["name"]] = grid[row["name"]][best]
+            report.append({"row": row["name"], "column": column["name"], "chosen": grid[row["name"]][best],
+                           "val_acc": means[best]})
     base = output_base(spec["paper"], f"{label(spec)}.tuning", scale, results_dir)
     atomic_write_json(base.with_name(base.name + ".json"), {"settings": tuning, "protocol": proto, "results": report})
     chosen = {(r["row"], r["column"]): r for r in report if "chosen" in r}

@@ -16,13 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from bench.engine import METHODS, ClientRound, Federation, Method
 from bench.flat import FlatModel
+from bench.models import NORM_TYPES
 from bench.seeding import generator
-
-NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def body_blocks(model: FlatModel) -> dict[str, list[int]]:
         owner, parts = e.name.rpartition(".")[0], e.name.split(".")
         if parts[1].startswith("layer") and len(parts) > 3:
             key = ".".join(parts[:3])
-        elif key is None or not issubclass(e.module_type, NORMS):
+        elif key is None or not issubclass(e.module_type, NORM_TYPES):
             key = owner
         blocks.setdefault(key, []).append(i)
         owner_block[owner] = key
