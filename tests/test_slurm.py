@@ -8,6 +8,7 @@ if that is impossible they fail with the reason.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,22 @@ def _wait(predicate, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
+def _history(job_id: str) -> str:
+    """Every state Slurm recorded for the job and what slurmctld logged about it, for a failure message."""
+    states = subprocess.run(["sacct", "-j", job_id, "-D", "-n", "-X", "-o", "State"], capture_output=True, text=True,
+                            timeout=30).stdout.split()
+    log = Path("/var/log/slurm/slurmctld.log")
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if re.search(rf"JobId={job_id}\b", line) and "update_job" not in line] \
+        if log.exists() else []
+    return f"sacct states {states}; slurmctld.log: " + " | ".join(lines[-12:])
+
+
 def _submit_and_interrupt(tmp_path: Path, interrupt) -> tuple[Any, Path]:
     """Submit one long run, interrupt it once it has a checkpoint, wait for the end; returns (job, run dir)."""
     import submitit
@@ -105,16 +122,24 @@ def _submit_and_interrupt(tmp_path: Path, interrupt) -> tuple[Any, Path]:
     _wait(checkpointed, 240, "the job's first checkpoint")
     interrupt(job)
 
-    def done() -> bool:  # Slurm holds a requeued job for ~2 minutes before it may start again: waive that
-        state = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True,
-                               timeout=30).stdout.strip()
-        if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], capture_output=True,
+    # Slurm holds a requeued job for ~2 minutes (until the killed run's job credential has expired) before it may
+    # start again. Waive most of that, once: a restart within the second of the kill is refused by slurmd ("Killing
+    # non-startable batch job: Job credential revoked") and ends the job FAILED, so start it 2 s from now.
+    waived = []
+
+    def done() -> bool:
+        if not waived and _squeue_state(job.job_id) == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now+2"], capture_output=True,
                            timeout=30)
+            waived.append(True)
         return job.done()
 
     _wait(done, 300, "the requeued job to finish")
-    assert job.result() == [(0, True, "")]
+    try:
+        result = job.result()
+    except Exception as err:
+        raise AssertionError(f"the requeued job left no result: {_history(job.job_id)}") from err
+    assert result == [(0, True, "")]
     return job, run
 
 
