@@ -93,15 +93,18 @@ def _squeue_state(job_id: str) -> str:
                           timeout=30).stdout.strip()
 
 
+def _sacct_states(job_id: str) -> list[str]:
+    """Every state Slurm accounting recorded for the job, one per run of it (requeues included)."""
+    return subprocess.run(["sacct", "-j", job_id, "-D", "-n", "-X", "-o", "State"], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+
+
 def _history(job_id: str) -> str:
-    """Every state Slurm recorded for the job and what slurmctld logged about it, for a failure message."""
-    states = subprocess.run(["sacct", "-j", job_id, "-D", "-n", "-X", "-o", "State"], capture_output=True, text=True,
-                            timeout=30).stdout.split()
+    """The job's recorded states and what slurmctld logged about it, for a failure message."""
     log = Path("/var/log/slurm/slurmctld.log")
-    lines = [line for line in log.read_text(errors="replace").splitlines()
-             if re.search(rf"JobId={job_id}\b", line) and "update_job" not in line] \
-        if log.exists() else []
-    return f"sacct states {states}; slurmctld.log: " + " | ".join(lines[-12:])
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [line for line in text.splitlines() if re.search(rf"JobId={job_id}\b", line) and "update_job" not in line]
+    return f"sacct states {_sacct_states(job_id)}; slurmctld.log: " + " | ".join(lines[-12:])
 
 
 def _submit_and_interrupt(tmp_path: Path, interrupt) -> tuple[Any, Path]:
@@ -125,13 +128,14 @@ def _submit_and_interrupt(tmp_path: Path, interrupt) -> tuple[Any, Path]:
     # Slurm holds a requeued job for ~2 minutes (until the killed run's job credential has expired) before it may
     # start again. Waive most of that, once: a restart within the second of the kill is refused by slurmd ("Killing
     # non-startable batch job: Job credential revoked") and ends the job FAILED, so start it 2 s from now.
-    waived = []
+    waived = False
 
     def done() -> bool:
+        nonlocal waived
         if not waived and _squeue_state(job.job_id) == "PENDING":
             subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now+2"], capture_output=True,
                            timeout=30)
-            waived.append(True)
+            waived = True
         return job.done()
 
     _wait(done, 300, "the requeued job to finish")
@@ -166,12 +170,8 @@ def test_a_preempted_job_is_requeued_by_slurm_and_ends_with_identical_records(sl
         subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=30)
 
     job, run = _submit_and_interrupt(tmp_path, preempt)
-    def states() -> list[str]:
-        return subprocess.run(["sacct", "-j", job.job_id, "-D", "-n", "-X", "-o", "State"], capture_output=True,
-                              text=True, timeout=30).stdout.split()
-
-    _wait(lambda: states()[-1:] == ["COMPLETED"], 60, "sacct to record the end of the job")
-    assert "REQUEUED" in states()
+    _wait(lambda: _sacct_states(job.job_id)[-1:] == ["COMPLETED"], 60, "sacct to record the end of the job")
+    assert "REQUEUED" in _sacct_states(job.job_id)
     assert _files(run) == _files(_reference(tmp_path))
 
 
