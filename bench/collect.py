@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from bench.core.records import RunDir, read_jsonl
 from bench.core.summary import pick
 from bench.provenance import is_stale, run_code
-from bench.spec import Cell, paper_numbers
+from bench.spec import Cell, output_columns, paper_numbers
 from datasets.partition_report import partition_label
 
 
@@ -84,11 +84,17 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     """Per-cell mean/std over complete seeds, the paper's value and the difference; plus incomplete runs.
 
     Cells with runs computed by other code than this tree's (or by several versions of the code) are listed
-    in ``frame.attrs["stale"]``; they are averaged in, and ``bench.table --rerun-stale`` reruns them."""
+    in ``frame.attrs["stale"]``; they are averaged in, and ``bench.table --rerun-stale`` reruns them.
+    ``frame.attrs`` also holds the test images per client (``test_images``: min, max over the averaged runs),
+    the spec's ``compare`` row against the best other row with paired differences over seeds (``paired``),
+    and Kendall's tau between our ordering of the rows and the paper's per column (``ordering``)."""
     proto = spec["protocol"]
-    values: dict[tuple[str, str], list[float]] = {}
+    columns = output_columns(spec, scale)
+    per_client = {c.column for c in columns if c.client is not None}
+    values: dict[tuple[str, str], dict[int, float]] = {}
     codes: dict[tuple[str, str], set[str | None]] = {}
     stale: dict[tuple[str, str], int] = {}
+    test_images: list[int] = []
     problems = []
     diverged: set[tuple[str, str]] = set()
     for cell, path in dirs.items():
@@ -107,20 +113,30 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
             continue
         summary = json.loads(run.summary.read_text())
         result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
-        values.setdefault((cell.row, cell.column), []).append(result["acc"])
+        values.setdefault((cell.row, cell.column), {})[cell.seed] = result["acc"]
+        record = eval_at(path, proto["stage"], result["round"])
+        if record is not None:
+            test_images += [n for n in record["n"] if n]
+            if cell.column in per_client:
+                for column in columns:
+                    if column.column == cell.column and column.client is not None:
+                        at = record["clients"].index(column.client) if column.client in record["clients"] else None
+                        if at is not None:
+                            values.setdefault((cell.row, column.name), {})[cell.seed] = record["acc"][at]
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
         stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, run_imports(path))
-    published = paper_numbers(spec)
+    published = paper_numbers(spec, scale)
     rows = []
     for row in spec["rows"]:
-        for column in spec["columns"]:
-            if row.get("unavailable"):
-                problems.append(f"not run: {row['name']} | {column['name']}: {row['unavailable']}")
-            accs = [] if (row["name"], column["name"]) in diverged else values.get((row["name"], column["name"]), [])
+        for column in columns:
+            if row.get("unavailable") and column.client is None:
+                problems.append(f"not run: {row['name']} | {column.name}: {row['unavailable']}")
+            seeds = {} if (row["name"], column.column) in diverged else values.get((row["name"], column.name), {})
+            accs = list(seeds.values())
             mean = sum(accs) / len(accs) if accs else math.nan
             std = pd.Series(accs).std() if len(accs) > 1 else math.nan
-            paper = published.get((row["name"], column["name"]))
-            rows.append({"method": row["name"], "column": column["name"], "mean": mean, "std": std,
+            paper = published.get((row["name"], column.name))
+            rows.append({"method": row["name"], "column": column.name, "mean": mean, "std": std,
                          "seeds": len(accs), "paper_mean": paper[0] if paper else math.nan,
                          "paper_std": paper[1] if paper and paper[1] is not None else math.nan,
                          "paper_source": paper[2] if paper else ""})
@@ -128,13 +144,86 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     frame["diff"] = frame["mean"] - frame["paper_mean"]
     frame["beyond_2std"] = (frame["diff"].abs() > 2 * frame["std"]) & frame["std"].notna() & frame["diff"].notna()
     frame.attrs["diverged_cells"] = sorted([row, column] for row, column in diverged)
-    frame.attrs["stale_cells"] = [[row, column] for (row, column), count in stale.items()
-                                  if count or len(codes[(row, column)]) > 1]
+    stale_cells = [(row, column) for (row, column), count in stale.items() if count or len(codes[(row, column)]) > 1]
+    frame.attrs["stale_cells"] = [[row, c.name] for row, column in stale_cells for c in columns if c.column == column]
     frame.attrs["stale"] = [f"{row} | {column}: " + ", ".join(
-        ([f"{count} of {len(values[(row, column)])} runs from other code than this tree"] if count else [])
+        ([f"{stale[(row, column)]} of {len(values[(row, column)])} runs from other code than this tree"]
+         if stale[(row, column)] else [])
         + (["runs from different code versions"] if len(codes[(row, column)]) > 1 else []))
-        for (row, column), count in stale.items() if count or len(codes[(row, column)]) > 1]
+        for row, column in stale_cells]
+    frame.attrs["test_images"] = [min(test_images), max(test_images)] if test_images else []
+    frame.attrs["seeds"] = sorted({int(n) for n in frame["seeds"] if n})
+    frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],
+                                               [r["name"] for r in spec["rows"]])
+    frame.attrs["ordering"] = orderings(frame)
     return frame, problems
+
+
+def eval_at(run: Path, stage: str, round_: int, split: str = "test") -> dict[str, Any] | None:
+    """A run's evaluation record of one stage and round (None if its records do not have it). A method whose
+    trained model is the model it holds (Local: ``pre_is_post``) records only ``post``, which answers ``pre``."""
+    found = {rec["stage"]: rec for rec in read_jsonl(Path(run) / "rounds.jsonl")
+             if rec.get("kind") == "eval" and rec["round"] == round_ and rec["split"] == split}
+    return found.get(stage, found.get("post") if stage == "pre" else None)
+
+
+def paired_differences(compare: str | None, values: dict[tuple[str, str], dict[int, float]], columns: Sequence[str],
+                       rows: Sequence[str]) -> list[dict[str, Any]]:
+    """Per column: row ``compare`` minus the best other row (highest mean), over the seeds both have: the mean
+    and std of the per-seed differences and in how many seeds ``compare`` is higher."""
+    if not compare:
+        return []
+    if compare not in rows:
+        raise ValueError(f"compare={compare!r} is not a row of the table; rows: {list(rows)}")
+    out = []
+    for column in columns:
+        ours = values.get((compare, column), {})
+        others = {r: values[(r, column)] for r in rows if r != compare and values.get((r, column))}
+        if not ours or not others:
+            continue
+        best = max(others, key=lambda r: sum(others[r].values()) / len(others[r]))
+        seeds = sorted(ours.keys() & others[best].keys())
+        diffs = [ours[s] - others[best][s] for s in seeds]
+        if not diffs:
+            continue
+        out.append({"column": column, "row": compare, "best_other": best, "seeds": len(diffs),
+                    "mean_diff": sum(diffs) / len(diffs),
+                    "std_diff": float(pd.Series(diffs).std()) if len(diffs) > 1 else math.nan,
+                    "higher_in": sum(d > 0 for d in diffs)})
+    return out
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-b between two rankings (ties allowed); nan when either side is all ties."""
+    concordant = discordant = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = a[i] - a[j], b[i] - b[j]
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif (da > 0) == (db > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denom = math.sqrt((concordant + discordant + ties_a) * (concordant + discordant + ties_b))
+    return (concordant - discordant) / denom if denom else math.nan
+
+
+def orderings(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per column with at least three rows that have both our mean and the paper's: Kendall's tau of the two."""
+    out = []
+    for column, group in frame.groupby("column", sort=False):
+        both = group[group["mean"].notna() & group["paper_mean"].notna()]
+        if len(both) >= 3:
+            out.append({"column": column, "rows": len(both),
+                        "tau": kendall_tau(list(both["mean"]), list(both["paper_mean"])),
+                        "ours_best": str(both.loc[both["mean"].idxmax(), "method"]),
+                        "paper_best": str(both.loc[both["paper_mean"].idxmax(), "method"])})
+    return out
 
 
 def run_imports(path: Path) -> tuple[str, ...]:
@@ -160,8 +249,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells = expand(spec, args.scale, args.seeds, args.out_dir)
         dirs = {cell: run_dir_for(cell_config(cell)) for cell in cells}
         frame, problems = collect(spec, args.scale, dirs)
+        averaged = int(frame[frame["column"].isin([c["name"] for c in spec["columns"]])]["seeds"].sum())
         print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)} "
-              f"({int(frame['seeds'].sum())} runs averaged, {len(problems)} listed as not averaged in)")
+              f"({averaged} runs averaged, {len(problems)} listed as not averaged in)")
 
 
 if __name__ == "__main__":

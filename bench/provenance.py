@@ -3,8 +3,10 @@
 A run directory is a function of the config only, so after a bug fix the same command would find and
 reuse results computed by the old code. Every summary therefore records ``code``: the git commit, whether
 the tree differed from it (``dirty``), and ``hash``, a sha256 over the source of everything that computes
-results — the federated core (``bench/core``), ``methods``, ``datasets``, ``bench/run.py`` and the
-modules a config imports (``imports=``) — so the identity holds without git too.
+the run's results — the federated core (``bench/core``), ``datasets``, ``bench/run.py``, the run's method
+module with every ``methods`` module it imports (transitively), and the modules a config imports
+(``imports=``) — so the identity holds without git too. Editing one method therefore leaves the runs of the
+other methods current.
 
 Finished runs from other code are reused by default (a refactor that changes no number should not cost
 hours of compute); tables mark them, and ``python -m bench.table ... --rerun-stale`` reruns exactly those.
@@ -12,6 +14,7 @@ hours of compute); tables mark them, and ``python -m bench.table ... --rerun-sta
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -23,6 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 #: what computes results, relative to the project root
 CODE_PATHS = ("bench/core", "methods", "datasets", "bench/run.py")
+#: what computes every run's results, whatever its method
+SHARED_PATHS = ("bench/core", "datasets", "bench/run.py")
 
 
 def _sources(paths: Iterable[Path]) -> list[Path]:
@@ -43,16 +48,48 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+def _module_file(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def method_sources(method: str) -> list[Path]:
+    """The source files of method ``method``: its module and every ``methods`` module it imports, transitively
+    (``methods/__init__.py``, the registry, only imports them all and computes nothing)."""
+    from methods import METHODS
+
+    todo = [METHODS.get(method).__module__]
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen[name] = path
+        package = name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("methods.")]
+            elif isinstance(node, ast.ImportFrom):
+                base = (f"{package}.{node.module}" if node.module else package) if node.level else node.module or ""
+                if base == "methods":
+                    todo += [f"methods.{a.name}" for a in node.names]
+                elif base.startswith("methods."):
+                    todo.append(base)
+    return sorted(seen.values())
+
+
 @functools.cache
-def code_identity(imports: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``{"commit", "dirty", "hash"}`` of this tree (commit and dirty are None outside a git checkout)."""
-    extra = []
-    for name in imports:
-        origin = getattr(importlib.util.find_spec(name), "origin", None)
-        if origin:
-            extra.append(Path(origin))
+def code_identity(imports: tuple[str, ...] = (), method: str | None = None) -> dict[str, Any]:
+    """``{"commit", "dirty", "hash"}`` of this tree (commit and dirty are None outside a git checkout). With
+    ``method``, ``hash`` covers the shared code and that method's modules only; without, every method."""
+    extra = [path for path in map(_module_file, imports) if path is not None]
+    if method is None:
+        paths = [ROOT / p for p in CODE_PATHS]
+    else:
+        paths = [*(ROOT / p for p in SHARED_PATHS), *method_sources(method)]
     digest = hashlib.sha256()
-    for path in _sources([*(ROOT / p for p in CODE_PATHS), *extra]):
+    for path in _sources([*paths, *extra]):
         name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     commit = _git("rev-parse", "HEAD")
@@ -66,5 +103,5 @@ def run_code(summary: Mapping[str, Any]) -> str | None:
 
 
 def is_stale(summary: Mapping[str, Any], imports: Sequence[str] = ()) -> bool:
-    """Whether a finished run was computed by other code than this tree's."""
-    return run_code(summary) != code_identity(tuple(imports))["hash"]
+    """Whether a finished run was computed by other code than this tree's (its method's code identity)."""
+    return run_code(summary) != code_identity(tuple(imports), summary.get("method"))["hash"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -47,14 +48,28 @@ def has_paper_numbers(frame: pd.DataFrame) -> bool:
     return bool(frame["paper_mean"].notna().any())
 
 
-def caption(spec: dict[str, Any], scale: str, has_paper: bool = True) -> list[str]:
+def sample_sizes(frame: pd.DataFrame) -> str:
+    """" Each cell: 3 seeds; 797-1000 test images per client." from the collected frame's attributes."""
+    seeds, images = frame.attrs.get("seeds", []), frame.attrs.get("test_images", [])
+    text = ""
+    if seeds:
+        text += f" Each cell: {seeds[0]} seeds" if len(seeds) == 1 else f" Cells have {seeds[0]}-{seeds[-1]} seeds"
+        text += ";" if images else "."
+    if images:
+        count = f"{images[0]}" if images[0] == images[1] else f"{images[0]}-{images[1]}"
+        text += f" {count} test images per client."
+    return text
+
+
+def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.DataFrame | None = None) -> list[str]:
     proto = spec["protocol"]
     lines = []
     if scale == "mini":
         lines += ["**Mini-scale stand-in**: embedded data sets in place of the paper's, fewer clients and rounds, "
                   "a small model. The paper's columns are shown for orientation only; numbers are not comparable."]
     protocol = (f"Protocol: stage={proto['stage']}, selection={proto['selection']}, weighting={proto['weighting']}; "
-                "mean ± std over seeds (per-cell seed counts in the CSV).")
+                "mean ± std over seeds (per-cell seed counts in the CSV)."
+                + (sample_sizes(frame) if frame is not None else ""))
     if not has_paper:
         return [*lines, protocol]
     lines += [protocol + " (paper) columns are the published numbers" + (
@@ -97,12 +112,37 @@ def latex_table(frame: pd.DataFrame, title: str, caption: str = "", notes: Seque
     return "\n".join(lines)
 
 
+def comparisons(frame: pd.DataFrame) -> list[str]:
+    """Markdown lines: the paired differences over seeds of the spec's ``compare`` row against the best other
+    row, and Kendall's tau between our ordering of the rows and the paper's (``bench.collect``)."""
+    lines = []
+    paired = frame.attrs.get("paired", [])
+    if paired:
+        lines.append("Paired difference over seeds (same seed = same partition and initialisation), "
+                     f"{paired[0]['row']} minus the best other row of the column:")
+        for p in paired:
+            spread = "" if math.isnan(p["std_diff"]) else f" ± {p['std_diff']:.2f}"
+            lines.append(f"- {p['column']}: {p['row']} − {p['best_other']} = {p['mean_diff']:+.2f}{spread} "
+                         f"over {p['seeds']} seeds ({p['row']} higher in {p['higher_in']} of {p['seeds']})")
+        lines.append("")
+    ordering = frame.attrs.get("ordering", [])
+    if ordering:
+        lines.append("Ordering of the rows against the paper's (Kendall's τ over the rows with both numbers; "
+                     "1 = same order, −1 = reversed):")
+        for o in ordering:
+            lines.append(f"- {o['column']}: τ = {o['tau']:+.2f} over {o['rows']} rows; best here {o['ours_best']}, "
+                         f"in the paper {o['paper_best']}")
+        lines.append("")
+    return lines
+
+
 def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
     """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
     lines = [f"# {title(spec, scale)}", ""]
-    for paragraph in caption(spec, scale, has_paper_numbers(frame)):
+    for paragraph in caption(spec, scale, has_paper_numbers(frame), frame):
         lines += [paragraph, ""]
     lines += [markdown_table(wide_table(frame, scale)), ""]
+    lines += comparisons(frame)
     tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
              for column, point in row.get("tuned", {}).items()]
     if tuned:
@@ -121,6 +161,9 @@ def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems:
     base = output_base(spec["paper"], label(spec), scale, results_dir)
     atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
     atomic_write_text(base.with_suffix(".tex"), latex_table(wide_table(frame, scale), title(spec, scale), " ".join(
-        caption(spec, scale, has_paper_numbers(frame))).replace("**", ""), problems))
+        caption(spec, scale, has_paper_numbers(frame), frame)).replace("**", ""), problems))
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
+    stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
+    atomic_write_text(base.with_suffix(".stats.json"), json.dumps(stats, indent=1, allow_nan=False, default=str)
+                      .replace("NaN", "null"))
     return base.with_suffix(".md")

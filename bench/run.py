@@ -183,7 +183,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "rounds": conf["rounds"],
         "num_clients": conf["num_clients"],
         "config_hash": digest,
-        "code": code_identity(tuple(conf.get("imports") or [])),
+        "code": code_identity(tuple(conf.get("imports") or []), conf["method"]["name"]),
         "capacity": capacities,
         "protocol": dict(primary),
         "primary": dict(pick(results, primary["stage"], primary["selection"], primary["weighting"])),

@@ -38,6 +38,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
         if key not in spec:
             raise ValueError(f"table spec {path} lacks the key {key!r}")
+    rows = [row.get("name") for row in spec["rows"]]
+    if spec.get("compare") is not None and spec["compare"] not in rows:
+        raise ValueError(f"table spec {path}: compare={spec['compare']!r} is not a row; use one of {rows}")
+    for scale in SCALES:
+        output_columns(spec, scale)  # per_client entries well-formed, column names unique
     return spec  # type: ignore[return-value]
 
 
@@ -79,19 +84,55 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
     return cells
 
 
-def paper_numbers(spec: dict[str, Any]) -> dict[tuple[str, str], tuple[float, float | None, str]]:
-    """(row name, column name) -> (mean, std, source) from the project's copy of the published tables."""
+@dataclass(frozen=True)
+class OutputColumn:
+    """A column of the written table: a spec column (``client is None``: the protocol's mean over clients),
+    or one client's accuracy in it (``per_client``: one client per domain, e.g. FedC2I's per-domain columns)."""
+
+    name: str
+    column: str  # the spec column whose runs it reads
+    client: int | None
+    paper: dict[str, Any]
+
+
+def output_columns(spec: dict[str, Any], scale: str = "paper") -> list[OutputColumn]:
+    """The table's columns in order: each spec column's per-client columns, then the column itself.
+
+    A column's ``per_client: [{name: MNIST, setting: mnist}, ...]`` lists its clients in client-id order (the
+    paper's ``setting`` of each, under the column's paper data set); at mini scale
+    ``scales.mini.per_client: {<column name>: [...]}`` replaces it (the stand-in has other domains)."""
+    mini = spec.get("scales", {}).get("mini", {}) if scale == "mini" else {}
+    out = []
+    for column in spec["columns"]:
+        ref = column.get("paper") or {}
+        clients = mini.get("per_client", {}).get(column["name"], column.get("per_client", []))
+        for i, client in enumerate(clients):
+            if not isinstance(client, dict) or "name" not in client:
+                raise ValueError(f"table {spec['paper']}/{spec['table']}, column {column['name']!r}: per_client "
+                                 f"entry {client!r} needs a name, e.g. {{name: MNIST, setting: mnist}}")
+            paper = {"dataset": ref.get("dataset"), "setting": client["setting"]} if client.get("setting") else {}
+            out.append(OutputColumn(client["name"], column["name"], i, paper))
+        out.append(OutputColumn(column["name"], column["name"], None, ref))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"table {spec['paper']}/{spec['table']}: column names repeat in {names}; give every "
+                         "per_client entry a name no other column has")
+    return out
+
+
+def paper_numbers(spec: dict[str, Any], scale: str = "paper") -> dict[tuple[str, str], tuple[float, float | None, str]]:
+    """(row name, output column name) -> (mean, std, source) from the project's copy of the published tables."""
     frame = pd.read_csv(PAPER_TABLES)
     frame = frame[(frame["paper"] == spec["paper"]) & (frame["table"].astype(str) == str(spec["table"]))]
     out = {}
-    for column in spec["columns"]:
-        ref = column.get("paper") or {}
+    for column in output_columns(spec, scale):
+        ref = column.paper
         for row in spec["rows"]:
             hit = frame[(frame["dataset"] == ref.get("dataset")) & (frame["setting"] == ref.get("setting"))
                         & (frame["method"] == row.get("paper", row["name"]))]
             if len(hit):
                 std = hit.iloc[0]["std"]
-                out[(row["name"], column["name"])] = (float(hit.iloc[0]["mean"]),
+                out[(row["name"], column.name)] = (float(hit.iloc[0]["mean"]),
                                                       None if pd.isna(std) else float(std), str(hit.iloc[0]["source"]))
     return out
 

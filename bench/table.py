@@ -12,9 +12,11 @@ A table spec (YAML)::
     protocol: {stage: post, selection: best, weighting: unweighted}
     seeds: [0, 1, 2, 3, 4]
     base: [num_clients=40, ...]                  # Hydra overrides for every cell
+    compare: FedCAC                              # optional: this row minus the best other, paired over seeds
     columns:                                     # one per result column
       - {name: "CIFAR-10 a=0.1", dataset: cifar10, model: resnet8,
          overrides: [partition=dirichlet, partition.alpha=0.1], paper: {dataset: cifar10, setting: dir-0.1}}
+      - {name: "Digit-5 Avg", ..., per_client: [{name: MNIST, setting: mnist}, ...]}  # + a column per client
     rows:                                        # one per method (variant)
       - {name: FedCAC, paper: FedCAC, overrides: [method=fedcac], by_dataset: {cifar100: [method.beta=170]}}
     scales:
@@ -25,6 +27,7 @@ A table spec (YAML)::
         model: small_cnn
         dataset_overrides: {mnist5k: [dataset.image_size=14]}
         rows: {FedCAC: [method.beta=4]}          # appended to that row's overrides
+        per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
 
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
@@ -32,7 +35,9 @@ A row with ``unavailable: <reason>`` is not run; the table shows the reason in i
 Every cell's config is composed and validated before the first run starts, so a typo fails at once.
 Finished runs are reused (the run directory is a function of the config); only missing or failed cells
 train, through the launcher of ``conf/launcher/`` (``bench.launch``). Tables are written by
-``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time.
+``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time. Every table
+states the seeds and test images per client of its cells and Kendall's tau between our ordering of the
+rows and the paper's; with ``compare``, the paired difference of that row against the best other row.
 """
 
 from __future__ import annotations

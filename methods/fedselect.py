@@ -77,6 +77,22 @@ class MaskedHyper:
             raise ValueError(f"method.alt_epochs={self.alt_epochs} is invalid: it must be >= 0")
 
 
+def final_linear_weight(model: FlatModel) -> torch.Tensor:
+    """Mask of the final linear layer's weight: ``head.weight`` in the zoo, else the last 2-d weight."""
+    dense = [e for e in model.entries if e.kind == "param" and len(e.shape) == 2]
+    names = {e.name for e in model.entries}
+    return model.mask_of(["head.weight"] if "head.weight" in names else [dense[-1].name])
+
+
+def mask_iou(masks: torch.Tensor) -> torch.Tensor:
+    """Intersection over union of every pair of rows of ``masks`` [M, D] (bool) -> [M, M]; two empty masks
+    count as identical (1)."""
+    m = masks.double()
+    inter = m @ m.T
+    union = m.sum(1)[:, None] + m.sum(1)[None, :] - inter
+    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(inter))
+
+
 class MaskedPersonalization(MaskedTraining):
     """Server side of FedSelect: every client's model ``models`` [N, D] and personal mask ``masks`` [N, D]
     (True = personal); the shared entries are averaged entry by entry over the participants sharing them
@@ -91,6 +107,7 @@ class MaskedPersonalization(MaskedTraining):
         self.groups = ranking_groups(worker, self.selectable, hp.ranking)
         # entries the server may average: parameters, plus the BN statistics if they are shared
         self.averaged = worker.param_mask if hp.bn_stats == "local" else torch.ones_like(worker.param_mask)
+        self.head_weight = final_linear_weight(worker)
 
     def setup(self, init: torch.Tensor) -> None:
         n = self.fed.num_clients
@@ -125,11 +142,16 @@ class MaskedPersonalization(MaskedTraining):
                 where = self.averaged & ~masks[cid] if self.hp.unsampled == "shared" else written
                 models[cid] = torch.where(where, theta_g, models[cid])
 
-    def metrics(self, round_: int) -> dict[str, float]:
+    def metrics(self, round_: int) -> dict[str, Any]:
+        """The personal fraction of the maskable entries (mean, min, max over the participants) and the
+        intersection-over-union of every pair of participants' masks on the final linear layer's weight
+        (Fig. 1; ``head_mask_iou`` [M][M] over ``head_mask_clients``)."""
         size, masks = int(self.selectable.sum()), self.state["masks"]
-        active = [int((masks[c] & self.selectable).sum()) / max(size, 1) for c in self._shared]
+        clients = sorted(self._shared)
+        active = [int((masks[c] & self.selectable).sum()) / max(size, 1) for c in clients]
         return {"personal_fraction": sum(active) / len(active), "personal_fraction_min": min(active),
-                "personal_fraction_max": max(active)}
+                "personal_fraction_max": max(active), "head_mask_clients": clients,
+                "head_mask_iou": mask_iou(masks[clients][:, self.head_weight]).tolist()}
 
 
 @dataclass(frozen=True)

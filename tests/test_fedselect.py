@@ -579,3 +579,21 @@ def test_pretrained_torchvision_through_the_builder(tmp_path, monkeypatch):
     worker = builder.build_worker(cfg, 10, 3, 32, torch.device("cpu"))
     own = worker.module.state_dict()
     assert all(torch.equal(own["body." + k], v) for k, v in reference.state_dict().items() if not k.startswith("fc."))
+
+
+def test_mask_iou_pairs_and_the_recorded_final_layer_iou():
+    from methods.fedselect import final_linear_weight, mask_iou
+
+    masks = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    iou = mask_iou(masks)
+    assert iou[0, 1] == pytest.approx(1 / 3) and iou[1, 0] == pytest.approx(1 / 3)  # |{0}| / |{0, 1, 2}|
+    assert iou[0, 0] == 1.0 and iou[0, 2] == 0.0 and iou[2, 3] == 1.0  # two empty masks: identical
+    fed = federation(two_linears(), 2)
+    last = final_linear_weight(fed.worker)
+    assert torch.equal(last, positions(fed, "1.weight", *range(8)))
+    m = method("fedselect", fed)
+    own = {0: positions(fed, "1.weight", 0, 1), 1: positions(fed, "1.weight", 1, 2) | positions(fed, "0.weight", 3)}
+    upload(m, {0: fed.worker.read(), 1: fed.worker.read()}, own)
+    record = m.metrics(1)
+    assert record["head_mask_clients"] == [0, 1]
+    assert record["head_mask_iou"] == [[1.0, 1 / 3], [1 / 3, 1.0]]  # 0.weight's entry is outside the final layer

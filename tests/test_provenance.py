@@ -8,7 +8,7 @@ import re
 
 from bench.cells import run_cells
 from bench.collect import collect
-from bench.provenance import code_identity
+from bench.provenance import code_identity, method_sources
 from bench.render import render
 from bench.run import execute
 from bench.spec import expand, load_spec
@@ -19,7 +19,7 @@ from tests.test_table import spec_file
 def test_every_summary_records_the_commit_the_dirty_flag_and_the_code_hash(tmp_path):
     summary = execute(config(tmp_path))
     code = summary["code"]
-    assert code == code_identity()
+    assert code == code_identity((), summary["method"])
     assert re.fullmatch(r"[0-9a-f]{64}", code["hash"])
     assert code["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", code["commit"])
     assert code["dirty"] in (None, True, False)
@@ -27,6 +27,16 @@ def test_every_summary_records_the_commit_the_dirty_flag_and_the_code_hash(tmp_p
 
 def test_a_config_import_is_part_of_the_code_identity():
     assert code_identity(("tests.failing_method",))["hash"] != code_identity()["hash"]
+
+
+def test_a_runs_code_identity_covers_its_method_and_the_methods_modules_it_imports_only():
+    names = lambda method: {p.name for p in method_sources(method)}  # noqa: E731
+    assert names("fedavg") == {"fedavg.py"}
+    assert names("fedselect_cvpr") == {"fedselect_cvpr.py", "fedselect.py", "_masked.py"}  # transitively
+    assert "_partial.py" in names("fedrep") and "fedselect.py" not in names("fedrep")
+    # so editing FedSelect leaves FedAvg's runs current, but not FedSelect-CVPR's
+    assert code_identity((), "fedavg")["hash"] != code_identity((), "fedselect_cvpr")["hash"]
+    assert code_identity((), "fedavg")["hash"] != code_identity()["hash"]
 
 
 def test_tables_mark_cells_from_other_code_and_rerun_stale_reruns_exactly_those(tmp_path):
@@ -50,7 +60,7 @@ def test_tables_mark_cells_from_other_code_and_rerun_stale_reruns_exactly_those(
 
     run_cells(cells, spec=spec, scale="mini", rerun_stale=True)
     rerun = json.loads(path.read_text())
-    assert rerun["code"] == code_identity() and rerun["results"] == original
+    assert rerun["code"] == code_identity((), "fedavg") and rerun["results"] == original
     kept = list((tmp_path / "runs" / ".stale").rglob("summary.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["code"]["hash"] == "0" * 64
     frame, _ = collect(spec, "mini", dirs)

@@ -1,0 +1,71 @@
+"""What every table states beyond mean ± std: per-client columns, sample sizes, the paired difference of the
+spec's ``compare`` row against the best other row, and Kendall's tau against the paper's ordering."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.cells import run_cells
+from bench.collect import collect, eval_at, kendall_tau, paired_differences
+from bench.render import render, write_table
+from bench.spec import expand, load_spec, output_columns
+from tests.test_table import SPEC, spec_file
+
+PER_CLIENT = SPEC.replace(
+    "paper: {dataset: cifar10, setting: pathological-2}}",
+    "paper: {dataset: cifar10, setting: pathological-2},\n     per_client: [{name: first}, {name: second}]}",
+).replace("seeds: [0, 1]\n", "seeds: [0, 1]\ncompare: FedAvg\n", 1)
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)  # one discordant pair of six
+    assert math.isnan(kendall_tau([1, 1, 1], [1, 2, 3]))
+
+
+def test_paired_difference_is_over_the_seeds_both_rows_have():
+    values = {("A", "c"): {0: 80.0, 1: 82.0, 2: 90.0}, ("B", "c"): {0: 79.0, 1: 85.0}, ("C", "c"): {0: 70.0}}
+    [p] = paired_differences("A", values, ["c"], ["A", "B", "C"])
+    assert p["best_other"] == "B" and p["seeds"] == 2  # seed 2 has no B run: not paired
+    assert p["mean_diff"] == pytest.approx(-1.0) and p["std_diff"] == pytest.approx(math.sqrt(8))
+    assert p["higher_in"] == 1
+    assert paired_differences(None, values, ["c"], ["A", "B"]) == []
+    with pytest.raises(ValueError, match="compare='Z'"):
+        paired_differences("Z", values, ["c"], ["A", "B"])
+
+
+def test_spec_checks_compare_and_per_client_names(tmp_path):
+    with pytest.raises(ValueError, match="compare='Nobody' is not a row"):
+        load_spec(spec_file(tmp_path, PER_CLIENT.replace("compare: FedAvg", "compare: Nobody")))
+    with pytest.raises(ValueError, match="needs a name"):
+        load_spec(spec_file(tmp_path, PER_CLIENT.replace("{name: second}", "{setting: x}")))
+    with pytest.raises(ValueError, match="column names repeat"):
+        load_spec(spec_file(tmp_path, PER_CLIENT.replace("{name: second}", "{name: A}")))
+    spec = load_spec(spec_file(tmp_path, PER_CLIENT))
+    assert [(c.name, c.client) for c in output_columns(spec)] == [("first", 0), ("second", 1), ("A", None)]
+
+
+def test_per_client_columns_sample_sizes_and_comparisons_in_the_written_table(tmp_path):
+    spec = load_spec(spec_file(tmp_path, PER_CLIENT))
+    dirs = run_cells(expand(spec, "paper", out_dir=str(tmp_path / "runs")))
+    frame, problems = collect(spec, "paper", dirs)
+    assert not problems[1:]  # only the unavailable row
+    for name, client in (("first", 0), ("second", 1)):  # each client's accuracy in the protocol's record
+        accs = [eval_at(p, "post", json.loads((p / "summary.json").read_text())["primary"]["round"])["acc"][client]
+                for c, p in dirs.items() if c.row == "FedAvg"]
+        got = frame[(frame["method"] == "FedAvg") & (frame["column"] == name)].iloc[0]
+        assert got["seeds"] == 2 and got["mean"] == pytest.approx(sum(accs) / 2)
+    assert frame.attrs["seeds"] == [2] and frame.attrs["test_images"][0] > 0
+    assert {p["column"] for p in frame.attrs["paired"]} == {"first", "second", "A"}
+    assert all(p["best_other"] == "Separate" and p["seeds"] == 2 for p in frame.attrs["paired"])
+    text = render(spec, "paper", frame, problems)
+    assert "| method | first (ours) | second (ours) | A (ours) | A (paper) |" in text
+    assert "Each cell: 2 seeds;" in text and "test images per client" in text
+    assert "- A: FedAvg − Separate = " in text
+    md = write_table(spec, "paper", frame, problems, tmp_path / "results")
+    stats = json.loads(md.with_suffix(".stats.json").read_text())
+    assert stats["seeds"] == [2] and len(stats["paired"]) == 3
