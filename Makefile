@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist demo test reliability lint bench clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist demo test reliability lint bench efficiency clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -30,6 +30,7 @@ help:
 	@echo "make tables  every table and figure above (finished cells are reused)"
 	@echo "make collect rewrite every table from the runs that exist (trains nothing)"
 	@echo "make plots   every figure from run records -> results/<paper>/figures/ (PNG + PDF)"
+	@echo "make efficiency  FLOPs, peak memory, model size per capacity method and width -> results/pa3dfl/"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Debian/Ubuntu: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -84,6 +85,11 @@ collect: setup
 plots: setup
 	$(PY) -m bench.plots --scale $(strip $(SCALE))
 	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedc2i_figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedselect_figures.py all --scale $(strip $(SCALE))
+
+efficiency: setup
+	$(PY) -m bench.efficiency --out results/pa3dfl
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

@@ -12,6 +12,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -56,6 +57,40 @@ def learning_curves(
         ax.legend()
         return save(fig, path)
 
+
+
+def heatmap(ax: plt.Axes, matrix: Sequence[Sequence[float]], labels: Sequence[str], title: str,
+            vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis", annotate: bool = True) -> Any:
+    """A square heatmap of ``matrix`` (rows and columns named by ``labels``), each cell's value written in it
+    when ``annotate``; returns the image (for a colour bar)."""
+    import numpy as np
+
+    values = np.asarray(matrix, dtype=float)
+    ax.grid(False)
+    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax)
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_title(title)
+    if annotate:
+        for (i, j), v in np.ndenumerate(values):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if v < vmin + 0.5 * (vmax - vmin) else "black")
+    return image
+
+
+def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str | None = None, seed: int | None = None,
+                 out_dir: str = "runs") -> Path | None:
+    """The run directory of one finished cell of a table spec (first column / seed when not given), or None."""
+    from bench.core.records import RunDir
+    from bench.run import run_dir_for
+    from bench.spec import cell_config, expand, load_spec
+
+    for cell in expand(load_spec(spec_path), scale, out_dir=out_dir):
+        if cell.row == row and column in (None, cell.column) and seed in (None, cell.seed):
+            run = run_dir_for(cell_config(cell))
+            if RunDir(run).is_complete():
+                return run
+    return None
 
 
 def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs",
