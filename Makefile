@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist demo test reliability lint bench efficiency clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist demo test reliability lint bench efficiency report report-screenshot clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -31,6 +31,8 @@ help:
 	@echo "make collect rewrite every table from the runs that exist (trains nothing)"
 	@echo "make plots   every figure from run records -> results/<paper>/figures/ (PNG + PDF)"
 	@echo "make efficiency  FLOPs, peak memory, model size per capacity method and width -> results/pa3dfl/"
+	@echo "make report  one static page of every table, figure and provenance -> results/index.html"
+	@echo "             (make report-screenshot: also results/index.png, needs Debian's chromium)"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Debian/Ubuntu: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -90,6 +92,12 @@ plots: setup
 
 efficiency: setup
 	$(PY) -m bench.efficiency --out results/pa3dfl
+
+report: setup
+	$(PY) -m bench.report --results results --out results/index.html
+
+report-screenshot: setup
+	$(PY) -m bench.report --results results --out results/index.html --screenshot
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

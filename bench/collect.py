@@ -154,7 +154,7 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     frame.attrs["test_images"] = [min(test_images), max(test_images)] if test_images else []
     frame.attrs["seeds"] = sorted({int(n) for n in frame["seeds"] if n})
     frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],
-                                               [r["name"] for r in spec["rows"]])
+                                               [r["name"] for r in spec["rows"]], published)
     frame.attrs["ordering"] = orderings(frame)
     return frame, problems
 
@@ -168,13 +168,20 @@ def eval_at(run: Path, stage: str, round_: int, split: str = "test") -> dict[str
 
 
 def paired_differences(compare: str | None, values: dict[tuple[str, str], dict[int, float]], columns: Sequence[str],
-                       rows: Sequence[str]) -> list[dict[str, Any]]:
-    """Per column: row ``compare`` minus the best other row (highest mean), over the seeds both have: the mean
-    and std of the per-seed differences and in how many seeds ``compare`` is higher."""
+                       rows: Sequence[str], published: dict[tuple[str, str], tuple] | None = None,
+                       confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per column and other row: row ``compare`` minus that row over the seeds both have (the mean and std of the
+    per-seed differences, a ``confidence`` t-interval of the mean, in how many seeds ``compare`` is higher), the
+    paper's difference of the same two rows, whether ours has its sign (``agrees``), and ``contradicts``: the
+    interval lies entirely on the other side of zero than the paper's difference. ``best_other`` marks the row
+    with the highest mean of the column; it comes first."""
+    from scipy.stats import t as student
+
     if not compare:
         return []
     if compare not in rows:
         raise ValueError(f"compare={compare!r} is not a row of the table; rows: {list(rows)}")
+    published = published or {}
     out = []
     for column in columns:
         ours = values.get((compare, column), {})
@@ -182,14 +189,25 @@ def paired_differences(compare: str | None, values: dict[tuple[str, str], dict[i
         if not ours or not others:
             continue
         best = max(others, key=lambda r: sum(others[r].values()) / len(others[r]))
-        seeds = sorted(ours.keys() & others[best].keys())
-        diffs = [ours[s] - others[best][s] for s in seeds]
-        if not diffs:
-            continue
-        out.append({"column": column, "row": compare, "best_other": best, "seeds": len(diffs),
-                    "mean_diff": sum(diffs) / len(diffs),
-                    "std_diff": float(pd.Series(diffs).std()) if len(diffs) > 1 else math.nan,
-                    "higher_in": sum(d > 0 for d in diffs)})
+        for other in sorted(others, key=lambda r: r != best):
+            seeds = sorted(ours.keys() & others[other].keys())
+            diffs = [ours[s] - others[other][s] for s in seeds]
+            if not diffs:
+                continue
+            mean = sum(diffs) / len(diffs)
+            std = float(pd.Series(diffs).std()) if len(diffs) > 1 else math.nan
+            half = (float(student.ppf(0.5 + confidence / 2, len(diffs) - 1)) * std / math.sqrt(len(diffs))
+                    if len(diffs) > 1 else math.nan)
+            mine, theirs = published.get((compare, column)), published.get((other, column))
+            paper = mine[0] - theirs[0] if mine and theirs else math.nan
+            low, high = mean - half, mean + half
+            out.append({"column": column, "row": compare, "other": other, "best_other": other if other == best
+                        else None, "seeds": len(diffs), "mean_diff": mean, "std_diff": std,
+                        "ci_low": low, "ci_high": high, "confidence": confidence,
+                        "higher_in": sum(d > 0 for d in diffs), "paper_diff": paper,
+                        "agrees": None if math.isnan(paper) or mean == 0 else (mean > 0) == (paper > 0),
+                        "contradicts": bool(not math.isnan(paper) and not math.isnan(half) and paper != 0
+                                            and (high < 0 if paper > 0 else low > 0))})
     return out
 
 

@@ -112,19 +112,39 @@ def latex_table(frame: pd.DataFrame, title: str, caption: str = "", notes: Seque
     return "\n".join(lines)
 
 
+def _paired_cell(p: dict[str, Any]) -> str:
+    interval = "" if math.isnan(p["ci_low"]) else f" [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"
+    mark = "" if p["agrees"] is None else " ✓" if p["agrees"] else " ✗!" if p["contradicts"] else " ✗"
+    paper = "" if math.isnan(p["paper_diff"]) else f" (paper {p['paper_diff']:+.2f})"
+    return f"{p['mean_diff']:+.2f}{interval}{paper}{mark}"
+
+
 def comparisons(frame: pd.DataFrame) -> list[str]:
-    """Markdown lines: the paired differences over seeds of the spec's ``compare`` row against the best other
-    row, and Kendall's tau between our ordering of the rows and the paper's (``bench.collect``)."""
+    """Markdown lines: the spec's ``compare`` row against the best other row and against every other row
+    (paired over seeds, with a confidence interval and the paper's sign), and Kendall's tau between our
+    ordering of the rows and the paper's (``bench.collect``)."""
     lines = []
     paired = frame.attrs.get("paired", [])
-    if paired:
+    best = [p for p in paired if p.get("best_other")]
+    if best:
+        row = best[0]["row"]
         lines.append("Paired difference over seeds (same seed = same partition and initialisation), "
-                     f"{paired[0]['row']} minus the best other row of the column:")
-        for p in paired:
+                     f"{row} minus the best other row of the column:")
+        for p in best:
             spread = "" if math.isnan(p["std_diff"]) else f" ± {p['std_diff']:.2f}"
-            lines.append(f"- {p['column']}: {p['row']} − {p['best_other']} = {p['mean_diff']:+.2f}{spread} "
-                         f"over {p['seeds']} seeds ({p['row']} higher in {p['higher_in']} of {p['seeds']})")
+            lines.append(f"- {p['column']}: {row} − {p['other']} = {p['mean_diff']:+.2f}{spread} "
+                         f"over {p['seeds']} seeds ({row} higher in {p['higher_in']} of {p['seeds']})")
         lines.append("")
+        columns = list(dict.fromkeys(p["column"] for p in paired))
+        others = list(dict.fromkeys(p["other"] for p in paired))
+        cells = {(p["other"], p["column"]): _paired_cell(p) for p in paired}
+        table = pd.DataFrame([[cells.get((o, c), "") for c in columns] for o in others], index=others,
+                             columns=columns)
+        table.index.name = f"{row} minus"
+        level = round(100 * paired[0]["confidence"])
+        lines += [f"{row} minus each other row, mean of the paired differences [{level}% t-interval] (the paper's "
+                  "difference); ✓ same sign as the paper, ✗ opposite sign, ✗! opposite sign beyond noise "
+                  "(the interval excludes zero):", "", markdown_table(table), ""]
     ordering = frame.attrs.get("ordering", [])
     if ordering:
         lines.append("Ordering of the rows against the paper's (Kendall's τ over the rows with both numbers; "
@@ -155,6 +175,17 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
     return "\n".join(lines)
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with NaN floats as None (strict JSON)."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
 def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
                 results_dir: str | os.PathLike = "results") -> Path:
     """Markdown, LaTeX and CSV side by side (each written atomically); returns the Markdown path."""
@@ -164,6 +195,5 @@ def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems:
         caption(spec, scale, has_paper_numbers(frame), frame)).replace("**", ""), problems))
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
     stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
-    atomic_write_text(base.with_suffix(".stats.json"), json.dumps(stats, indent=1, allow_nan=False, default=str)
-                      .replace("NaN", "null"))
+    atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
     return base.with_suffix(".md")

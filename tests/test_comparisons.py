@@ -29,13 +29,29 @@ def test_kendall_tau_by_hand():
 
 def test_paired_difference_is_over_the_seeds_both_rows_have():
     values = {("A", "c"): {0: 80.0, 1: 82.0, 2: 90.0}, ("B", "c"): {0: 79.0, 1: 85.0}, ("C", "c"): {0: 70.0}}
-    [p] = paired_differences("A", values, ["c"], ["A", "B", "C"])
-    assert p["best_other"] == "B" and p["seeds"] == 2  # seed 2 has no B run: not paired
-    assert p["mean_diff"] == pytest.approx(-1.0) and p["std_diff"] == pytest.approx(math.sqrt(8))
-    assert p["higher_in"] == 1
+    best, other = paired_differences("A", values, ["c"], ["A", "B", "C"])
+    assert best["other"] == best["best_other"] == "B" and best["seeds"] == 2  # seed 2 has no B run: not paired
+    assert best["mean_diff"] == pytest.approx(-1.0) and best["std_diff"] == pytest.approx(math.sqrt(8))
+    assert best["higher_in"] == 1
+    half = 12.7062047361747 * math.sqrt(8) / math.sqrt(2)  # t(0.975, 1 dof) * sd / sqrt(n)
+    assert (best["ci_low"], best["ci_high"]) == (pytest.approx(-1.0 - half), pytest.approx(-1.0 + half))
+    assert other["other"] == "C" and other["best_other"] is None and other["seeds"] == 1
+    assert math.isnan(other["ci_low"]) and not other["contradicts"]
     assert paired_differences(None, values, ["c"], ["A", "B"]) == []
     with pytest.raises(ValueError, match="compare='Z'"):
         paired_differences("Z", values, ["c"], ["A", "B"])
+
+
+def test_paired_difference_has_the_papers_sign_or_contradicts_it_beyond_noise():
+    values = {("A", "c"): {0: 80.0, 1: 81.0, 2: 82.0}, ("B", "c"): {0: 85.0, 1: 86.5, 2: 86.5},
+              ("C", "c"): {0: 79.0, 1: 81.5, 2: 81.0}}
+    paper = {("A", "c"): (90.0, None, ""), ("B", "c"): (88.0, None, ""), ("C", "c"): (91.0, None, "")}
+    by_other = {p["other"]: p for p in paired_differences("A", values, ["c"], ["A", "B", "C"], paper)}
+    b, c = by_other["B"], by_other["C"]
+    assert b["paper_diff"] == 2.0 and b["mean_diff"] == pytest.approx(-5.0)
+    assert b["agrees"] is False and b["contradicts"] is True  # A below B in every seed, the paper has A above
+    assert c["paper_diff"] == -1.0 and c["mean_diff"] == pytest.approx(0.5)
+    assert c["agrees"] is False and c["contradicts"] is False  # opposite sign, but within noise
 
 
 def test_spec_checks_compare_and_per_client_names(tmp_path):
@@ -61,11 +77,11 @@ def test_per_client_columns_sample_sizes_and_comparisons_in_the_written_table(tm
         assert got["seeds"] == 2 and got["mean"] == pytest.approx(sum(accs) / 2)
     assert frame.attrs["seeds"] == [2] and frame.attrs["test_images"][0] > 0
     assert {p["column"] for p in frame.attrs["paired"]} == {"first", "second", "A"}
-    assert all(p["best_other"] == "Separate" and p["seeds"] == 2 for p in frame.attrs["paired"])
+    assert all(p["other"] == p["best_other"] == "Separate" and p["seeds"] == 2 for p in frame.attrs["paired"])
     text = render(spec, "paper", frame, problems)
     assert "| method | first (ours) | second (ours) | A (ours) | A (paper) |" in text
     assert "Each cell: 2 seeds;" in text and "test images per client" in text
-    assert "- A: FedAvg − Separate = " in text
+    assert "- A: FedAvg − Separate = " in text and "| FedAvg minus | first | second | A |" in text
     md = write_table(spec, "paper", frame, problems, tmp_path / "results")
     stats = json.loads(md.with_suffix(".stats.json").read_text())
     assert stats["seeds"] == [2] and len(stats["paired"]) == 3
