@@ -33,6 +33,19 @@ def history_row(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return row
 
 
+#: W&B's length limits (its settings validation refuses longer values and the run fails)
+WANDB_LIMITS = {"tag": 64, "job_type": 64, "group": 128}
+
+
+def wandb_safe(value: str, kind: str) -> str:
+    """``value`` within W&B's length limit for ``kind``: a longer one is cut and ends with a hash of the whole,
+    so two long names stay distinct."""
+    limit = WANDB_LIMITS[kind]
+    if len(value) <= limit:
+        return value
+    return value[:limit - 9] + "~" + hashlib.sha256(value.encode()).hexdigest()[:8]
+
+
 class WandbLogger:
     def __init__(self, conf: Mapping[str, Any], run: RunDir) -> None:
         import wandb
@@ -43,11 +56,11 @@ class WandbLogger:
         self.run = wandb.init(
             project=opts.get("project") or "pflrepro",
             entity=opts.get("entity"),
-            group=opts.get("group") or f"{conf.get('exp', 'default')}",
-            job_type=opts.get("job_type") or conf["method"]["name"],
-            tags=[str(t) for t in (opts.get("tags") or [])] + [
-                f"dataset:{conf['dataset']['name']}", f"partition:{conf['partition']['scheme']}",
-                f"seed:{conf['seed']}"],
+            group=wandb_safe(opts.get("group") or f"{conf.get('exp', 'default')}", "group"),
+            job_type=wandb_safe(opts.get("job_type") or conf["method"]["name"], "job_type"),
+            tags=[wandb_safe(str(t), "tag") for t in [*(opts.get("tags") or []),
+                  f"dataset:{conf['dataset']['name']}", f"partition:{conf['partition']['scheme']}",
+                  f"seed:{conf['seed']}"]],
             name=run.path.name,
             id=run_id,
             resume="allow",

@@ -93,6 +93,16 @@ def test_cells_carry_their_wandb_group_job_type_and_tags(tmp_path):
     assert {"scale:mini", "table:fedcac/table1", "cell:A--FedAvg"} <= set(wandb["tags"])
 
 
+def test_long_cell_names_fit_wandbs_limits_and_stay_distinct():
+    from bench.wandb_logger import WANDB_LIMITS, wandb_safe
+
+    long = "cell:CIFAR-10_s_2--FedSelect-CVPR_e_1_our_reading_of_FedSelectv2_e_1"  # 68 characters: W&B refuses it
+    other = long.replace("e_1", "e_3")
+    assert len(wandb_safe(long, "tag")) == WANDB_LIMITS["tag"] and wandb_safe(long, "tag") != wandb_safe(other, "tag")
+    assert wandb_safe("cell:A--FedAvg", "tag") == "cell:A--FedAvg"
+    assert len(wandb_safe("g" * 300, "group")) == 128
+
+
 def test_a_table_cell_logs_to_wandb_as_its_group_and_reads_back(tmp_path):
     from tests.helpers import wandb_records
 
