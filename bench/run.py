@@ -106,10 +106,16 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
         raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
 
 
+def run_threads(cfg: Mapping[str, Any]) -> int:
+    """Torch threads of a run: ``threads`` if set, else Slurm's CPUs per task, else 1. Never torch's default
+    (one per core): on a shared or loaded machine that makes a small run several times slower than one thread,
+    and CPU records are bit-identical only for equal thread counts, so direct runs, multiruns and the table
+    launchers (``cpus_per_task``, default 1) all use the same rule."""
+    return int(cfg.get("threads") or os.environ.get("SLURM_CPUS_PER_TASK") or 1)
+
+
 def configure_torch(cfg: Mapping[str, Any]) -> torch.device:
-    threads = cfg.get("threads") or os.environ.get("SLURM_CPUS_PER_TASK")
-    if threads:
-        torch.set_num_threads(int(threads))
+    torch.set_num_threads(run_threads(cfg))
     device = torch.device(cfg["device"])
     if device.type == "cuda":
         torch.backends.cudnn.deterministic = True

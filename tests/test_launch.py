@@ -46,6 +46,26 @@ def test_local_processes_give_the_records_of_an_inline_run(tmp_path):
     assert timing["threads"] == 1  # cpus_per_task of the launcher
 
 
+def test_a_direct_run_uses_one_thread_unless_told_otherwise(tmp_path, monkeypatch):
+    import torch
+
+    from bench.run import execute, run_dir_for, run_threads, to_container
+    from tests.helpers import config
+
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert run_threads({"threads": None}) == 1 and run_threads({"threads": 3}) == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert run_threads({"threads": None}) == 4
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    torch.set_num_threads(2)  # what torch's default would be on this machine
+    try:
+        cfg = config(tmp_path, "rounds=1")
+        execute(cfg)
+        assert json.loads((run_dir_for(to_container(cfg)) / "timing.json").read_text())["threads"] == 1
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_local_launcher_caps_concurrent_processes(tmp_path):
     spec = load_spec(spec_file(tmp_path))
     cells = expand(spec, "paper", out_dir=str(tmp_path / "runs"), extra=["rounds=4"])
