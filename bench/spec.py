@@ -43,6 +43,12 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"table spec {path}: compare={spec['compare']!r} is not a row; use one of {rows}")
     for scale in SCALES:
         output_columns(spec, scale)  # per_client entries well-formed, column names unique
+    names = {column["name"] for column in spec["columns"]}
+    for key in ("column_overrides", "per_client"):
+        unknown = set(spec.get("scales", {}).get("mini", {}).get(key, {})) - names
+        if unknown:
+            raise ValueError(f"table spec {path}: scales.mini.{key} names no column {sorted(unknown)}; "
+                             f"columns: {sorted(names)}")
     return spec  # type: ignore[return-value]
 
 
@@ -71,6 +77,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
         model = mini.get("model", column["model"]) if mini else column["model"]
         data_extra = mini.get("dataset_overrides", {}).get(dataset, []) if mini else []
+        column_extra = mini.get("column_overrides", {}).get(column["name"], []) if mini else []
         for row in spec["rows"]:
             if row.get("unavailable"):
                 continue
@@ -79,7 +86,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
                          *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
             for seed in seeds:
                 overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
-                             *row["overrides"], *row_extra, *extra, f"seed={seed}")
+                             *column_extra, *row["overrides"], *row_extra, *extra, f"seed={seed}")
                 cells.append(Cell(row["name"], column["name"], seed, overrides))
     return cells
 

@@ -28,6 +28,7 @@ A table spec (YAML)::
         dataset_overrides: {mnist5k: [dataset.image_size=14]}
         rows: {FedCAC: [method.beta=4]}          # appended to that row's overrides
         per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
+        column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # appended after that column's overrides
 
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).

@@ -51,6 +51,9 @@ def test_expand_cells_and_overrides(tmp_path):
     assert "exp=fedcac/table1/paper" in sep and "eval.primary.selection=best" in sep
     mini = expand(spec, "mini", out_dir=str(tmp_path / "runs"))
     assert len(mini) == 2 and "rounds=1" in mini[0].overrides and "exp=fedcac/table1/mini" in mini[0].overrides
+    spec["scales"]["mini"]["column_overrides"] = {"A": ["partition.classes_per_client=3"]}
+    over = expand(spec, "mini", out_dir=str(tmp_path / "runs"))[0].overrides  # after the column's own overrides
+    assert over.index("partition.classes_per_client=3") == over.index("partition=pathological") + 1
     with pytest.raises(ValueError, match="scale='huge'"):
         expand(spec, "huge")
 
