@@ -1,0 +1,282 @@
+"""Pa3dFL (methods/pa3dfl.py): the channel-aware decomposition (Eq. 4) and its pruning (Eq. 10), the hypernetwork's
+attention (Eq. 9) and its update against finite differences (Eq. 8), Eq. 6's average, the fusion of App. C.2 on
+validation data only, and runs with Hetero capacities that resume to identical records."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.compose import to_container
+from bench.core.builder import build_experiment
+from bench.core.engine import evaluate
+from bench.run import execute
+from methods.pa3dfl import HyperNet, Pa3dFLHyper, Pa3dLayer, pa3d_layers
+from methods.pfedhn import hypergradient
+from tests.helpers import config
+from tests.test_widths import interrupted_then_resumed
+
+HETERO = ("capacity.setting=grid", "capacity.low=0.0625")  # r = 1/16, 3/8, 11/16, 1 -> p = 1/4, 1/2, 3/4, 1
+FAST = ("method=pa3dfl", "method.embed_dim=4", "method.hidden_dim=8", "method.encoder_depth=2",
+        "partition.val_fraction=0.25", "train.grad_clip=10.0")
+
+
+def experiment(tmp_path, *overrides: str):
+    exp = build_experiment(to_container(config(tmp_path, *FAST, *HETERO, *overrides)))
+    exp.method.setup(exp.fed.worker.read())
+    return exp
+
+
+def hyper(**changes) -> Pa3dFLHyper:
+    values = dict(lam=0.1, hn_lr=0.1, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25, rank_scale=1.0,
+                  width_step=None, tau_init=1.0, embed_std=1.0, decoder_init="default", hn_clip=50.0,
+                  orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
+                  fusion_space="dense", ties_to_global=True)
+    return Pa3dFLHyper(**{**values, **changes})
+
+
+# ------------------------------------------------------------------------------ decomposition (Eqs. 4, 10)
+@pytest.mark.parametrize("layer", [nn.Conv2d(3, 8, 3, padding=1), nn.Linear(6, 8)])
+def test_decomposition_recovers_w_exactly_from_u_and_v(layer):
+    torch.manual_seed(0)
+    layer = layer.double()
+    k2 = 9 if isinstance(layer, nn.Conv2d) else 1
+    dec = Pa3dLayer(layer, 2, 2 * k2)  # R1 = 2 blocks of output channels, R2 = R1 k^2: full rank
+    u, v = dec.general.detach(), dec.personal.detach()
+    assert u.shape == (2, k2, 2 * k2) and v.shape == (4, layer.weight.shape[1], 2 * k2)  # |V| = R2 T S / R1
+    w = dec.weight().detach()
+    for t in range(8):  # W[b R1 + a, s] = reshape(u_a v_b[:, s])
+        b, a = divmod(t, 2)
+        for s in range(w.shape[1]):
+            torch.testing.assert_close(w[t, s].reshape(-1), u[a] @ v[b, s], rtol=0, atol=1e-14)
+    torch.testing.assert_close(w, layer.weight.detach(), rtol=0, atol=1e-12)  # the layer's own weight, recovered
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64) if k2 > 1 else torch.randn(2, 6, dtype=torch.float64)
+    torch.testing.assert_close(dec(x), layer(x), rtol=0, atol=1e-12)
+    low = Pa3dLayer(layer, 2, k2)  # R2 < R1 k^2: only a projection of W
+    assert not torch.allclose(low.weight(), layer.weight, atol=1e-3)
+
+
+def test_pruning_v_then_recovering_equals_recovering_then_slicing_w():
+    torch.manual_seed(0)
+    full = Pa3dLayer(nn.Conv2d(6, 8, 3).double(), 2, 18)
+    narrow = Pa3dLayer(nn.Conv2d(3, 4, 3).double(), 2, 18)  # p = 1/2: pT / R1 = 2 blocks, pS = 3 inputs
+    with torch.no_grad():
+        narrow.general.copy_(full.general)
+        narrow.personal.copy_(full.personal[:2, :3])  # Prune(V, 1/2), Eq. 10
+    torch.testing.assert_close(narrow.weight(), full.weight()[:4, :3], rtol=0, atol=1e-15)  # (summation order)
+    assert not torch.allclose(narrow.weight(), full.weight()[4:, :3])
+
+
+def test_a_narrow_client_gets_the_prefix_slice_of_its_full_width_model(tmp_path):
+    exp = experiment(tmp_path)
+    method, net = exp.method, exp.method.state["hn"]["net"]
+    assert method.widths == [0.25, 0.5, 0.75, 1.0]
+    full_worker = exp.fed.worker
+    assert all(isinstance(m, Pa3dLayer) or not isinstance(m, nn.Conv2d | nn.Linear)
+               for m in full_worker.module.body.modules())
+    for cid in (0, 2):
+        lay = method.layout(1.0)  # what client cid would get at full width: U, V_i = Dec(e_i), h_g
+        vector = method.state["global"].clone()
+        with torch.no_grad():
+            vector[lay.generated] = net(cid)[lay.source]
+        full_worker.load(vector)
+        worker = method.client_worker(cid, "train")
+        worker.load(method.client_model(cid))
+        assert worker.size < full_worker.size
+        pairs = list(zip(pa3d_layers(worker.module), pa3d_layers(full_worker.module), strict=True))
+        for i, (small, big) in enumerate(pairs):
+            torch.testing.assert_close(small.general, big.general, rtol=0, atol=0)  # U is never pruned
+            t, s = small.weight().shape[:2]
+            assert s == big.weight().shape[1] if i == 0 else s < big.weight().shape[1]  # image channels stay
+            torch.testing.assert_close(small.weight(), big.weight()[:t, :s], rtol=1e-5, atol=1e-7)
+        for head in ("head", "local"):
+            w = getattr(worker.module, head).weight
+            torch.testing.assert_close(w, getattr(full_worker.module, head).weight[:, : w.shape[1]], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- hypernetwork (Eqs. 8, 9)
+def test_attention_weights_sum_to_one_and_infinite_temperature_makes_clients_identical():
+    torch.manual_seed(0)
+    net = HyperNet(5, [3, 4], hyper()).double()
+    with torch.no_grad():
+        net.log_tau.copy_(torch.tensor([0.0, -1.0]))  # tau = 1, 1/e
+        weights, encoded = net.attention(2)
+        assert weights.shape == (2, 5) and (weights > 0).all()
+        torch.testing.assert_close(weights.sum(1), torch.ones(2, dtype=torch.float64))
+        scores = encoded @ encoded[2]
+        torch.testing.assert_close(weights[1], torch.softmax(scores * torch.e, 0))
+        assert float(weights.max() - weights.min()) > 0.05 and not torch.allclose(net(0), net(3))
+        net.log_tau.fill_(60.0)  # tau -> infinity: uniform attention, one shared mixed embedding
+        for cid in range(5):
+            torch.testing.assert_close(net.attention(cid)[0], torch.full((2, 5), 0.2, dtype=torch.float64))
+        torch.testing.assert_close(net(0), net(3), rtol=0, atol=1e-12)
+
+
+def test_hypernetwork_update_equals_finite_differences(tmp_path):
+    exp = experiment(tmp_path, "method.hn_lr=1.0", "method.hn_clip=1e9", "method.embed_std=1.0")
+    method = exp.method
+    net = method.state["hn"]["net"]
+    before = copy.deepcopy(net).double()
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def record(task, worker):
+        lay = method.layout(method.widths[task.cid])
+        seen[task.cid] = (lay.source, (task.start[lay.generated] - worker.vector[lay.generated]).double())
+
+    exp.engine().round(1, on_client=record, evaluate=False)
+    assert sorted(seen) == [0, 1, 2, 3] and all(float(d.abs().sum()) > 0 for _, d in seen.values())
+    step = [(b.float() - a).detach().double() for b, a in zip(before.parameters(), net.parameters(), strict=True)]
+
+    def objective() -> float:  # (1/|S|) sum_i <Prune(gen_i(phi)), theta_i - theta_i'>
+        with torch.no_grad():
+            return sum(float(before(c)[src] @ d) for c, (src, d) in seen.items()) / len(seen)
+
+    size = int(before(0).numel())
+    vjp = [sum(gs) / len(seen) for gs in zip(*(hypergradient(before, c, torch.zeros(size, dtype=torch.float64)
+                                                            .index_put((src,), d)) for c, (src, d) in seen.items()),
+                                           strict=True)]
+    eps = 1e-6
+    for p, moved, g in zip(before.parameters(), step, vjp, strict=True):
+        torch.testing.assert_close(moved, g, rtol=1e-3, atol=1e-6)  # phi <- phi - 1.0 * mean VJP
+        flat = p.data.view(-1)
+        for i in sorted({0, flat.numel() // 2, flat.numel() - 1}):
+            old = float(flat[i])
+            flat[i] = old + eps
+            up = objective()
+            flat[i] = old - eps
+            down = objective()
+            flat[i] = old
+            assert float(moved.view(-1)[i]) == pytest.approx((up - down) / (2 * eps), rel=1e-3, abs=1e-6)
+    names = [n for n, _ in before.named_parameters()]
+    assert float(step[names.index("log_tau")].abs().min()) > 0  # every temperature learns
+    assert (step[names.index("embeddings")].abs().sum(1) > 0).all()  # every client's embedding moves
+
+
+def test_general_part_is_averaged_uniformly_and_the_global_head_never_moves(tmp_path):
+    exp = experiment(tmp_path)
+    method, full = exp.method, exp.fed.worker
+    head = full.index(full.mask(lambda e: e.name.startswith("head.")))
+    start = method.state["global"].clone()
+    uploads: dict[int, torch.Tensor] = {}
+    exp.engine().round(1, on_client=lambda task, w: uploads.setdefault(task.cid, w.read()), evaluate=False)
+    new = method.state["global"]
+    workers = {c: exp.fed.worker_for(method.widths[c]) for c in uploads}
+
+    def part(cid: int, select) -> torch.Tensor:
+        return uploads[cid][workers[cid].mask(select)]
+
+    general = full.mask(lambda e: e.name.endswith(".general"))
+    mean_u = sum(part(c, lambda e: e.name.endswith(".general")) for c in uploads) / 4  # U: same shape everywhere
+    torch.testing.assert_close(new[general], mean_u, rtol=1e-6, atol=1e-7)  # Eq. 6
+    assert not torch.equal(new[general], start[general])
+    torch.testing.assert_close(new[head], start[head], rtol=0, atol=0)  # the global head is frozen
+    bias = full.entry("body.0.bias").offset  # 32 channels: 8 held at width 1/4, 16 at 1/2, 24 at 3/4, 32 at 1
+    first = sum(part(c, lambda e: e.name == "body.0.bias")[0] for c in uploads) / 4
+    torch.testing.assert_close(new[bias], first, rtol=1e-6, atol=1e-7)  # held by everyone
+    torch.testing.assert_close(new[bias + 31], uploads[3][bias + 31], rtol=0, atol=1e-7)  # only the full width
+
+
+def test_local_width_params_stay_on_each_client(tmp_path):
+    exp = experiment(tmp_path, "method.width_params=local")
+    method, full = exp.method, exp.fed.worker
+    rest = full.mask(lambda e: e.name.endswith(".bias") and not e.name.startswith(("head.", "local.")))
+    start, kept = method.state["global"].clone(), method.state["rest"].clone()
+    uploads: dict[int, torch.Tensor] = {}
+    exp.engine().round(1, on_client=lambda task, w: uploads.setdefault(task.cid, w.read()), evaluate=False)
+    torch.testing.assert_close(method.state["global"][rest], start[rest], rtol=0, atol=0)  # nothing averaged
+    bias = full.entry("body.0.bias")
+    for cid, upload in uploads.items():  # channel c of the first layer's bias is column c of state["rest"]
+        held = exp.fed.worker_for(method.widths[cid]).entry("body.0.bias")
+        torch.testing.assert_close(method.state["rest"][cid, : held.numel], upload[held.slice], rtol=0, atol=0)
+        assert torch.equal(method.state["rest"][cid, held.numel: bias.numel], kept[cid, held.numel: bias.numel])
+    assert not torch.equal(method.state["rest"][0, :8], method.state["rest"][1, :8])
+    worker = method.client_worker(1, "train")
+    worker.load(method.client_model(1))
+    torch.testing.assert_close(worker.module.body[0].bias, method.state["rest"][1, :16], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------ fusion (App. C.2)
+@pytest.mark.parametrize("space", ["dense", "factors"])
+def test_fusion_picks_alpha_on_validation_data_only_and_trains_nothing(tmp_path, space):
+    exp = experiment(tmp_path, "method.decoder_init=model", f"method.fusion_space={space}")
+    method, engine = exp.method, exp.engine()
+    engine.round(1, evaluate=False)
+    cid = 1
+    worker, data = method.client_worker(cid, "post"), exp.data.client(cid)
+    x = torch.cat([b for b, _ in data.batches("val", 1000, shuffle=False, augment=False)])
+    with torch.no_grad():
+        worker.load(method.client_model(cid))
+        received = worker.module.logits(x)[0].argmax(1)  # A: the received model with the global head
+        worker.load(method.state["trained"][cid])
+        trained = worker.module.logits(x)[1].argmax(1)  # B: the trained model with its local head
+    assert data.size("val") > 0 and not torch.equal(received, trained)
+    state = {"global": method.state["global"].clone(), "trained": {c: v.clone() for c, v in
+                                                                    method.state["trained"].items()},
+             "hn": [p.detach().clone() for p in method.state["hn"]["net"].parameters()]}
+    labels = data.pool.labels
+    saved = labels.clone()
+    chosen = {}
+    try:
+        for name, targets in (("A", received), ("B", trained)):
+            labels[data.val] = targets
+            vector = method.eval_model(cid, "post", worker, 1, 0.1)
+            chosen[name] = method.fusion.alpha
+            worker.load(vector)
+            assert evaluate(method, worker, data, "val", 1000)[0] == data.size("val")  # the fused model it returns
+            labels[data.test] = (labels[data.test] + 1) % exp.data.num_classes  # test labels change nothing
+            method.eval_model(cid, "post", worker, 1, 0.1)
+            assert method.fusion.alpha == chosen[name]
+    finally:
+        labels.copy_(saved)
+    assert chosen["A"] == 1.0 and chosen["B"] < 1.0
+    torch.testing.assert_close(method.state["global"], state["global"], rtol=0, atol=0)
+    assert all(torch.equal(method.state["trained"][c], v) for c, v in state["trained"].items())
+    assert all(torch.equal(p, q) for p, q in zip(method.state["hn"]["net"].parameters(), state["hn"], strict=True))
+
+
+def test_pre_is_the_trained_model_with_its_local_head(tmp_path):
+    exp = experiment(tmp_path, "method.decoder_init=model")
+    method = exp.method
+    got: dict[int, torch.Tensor] = {}
+    exp.engine().round(1, on_client=lambda task, w: got.setdefault(task.cid, w.read()), evaluate=False)
+    worker = method.client_worker(0, "pre")
+    x, _ = next(exp.data.client(0).batches("test", 8, shuffle=False, augment=False))
+    worker.load(got[0])
+    assert method.eval_model(0, "pre", worker, 1, 0.1) is worker.vector and method.fusion is None
+    torch.testing.assert_close(method.predict(0, worker, x), worker.module.local(worker.module.body(x)))
+
+
+# --------------------------------------------------------------------------------- end to end, resume
+@pytest.mark.parametrize("decoder_init, width_params", [("default", "nested"), ("model", "local")])
+def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, decoder_init, width_params):
+    options = (*FAST, *HETERO, f"method.decoder_init={decoder_init}", f"method.width_params={width_params}")
+    summary = execute(config(tmp_path / "short", *options, "rounds=2"))
+    assert summary["capacity"]["width"] == [0.25, 0.5, 0.75, 1.0]
+    whole, resumed = interrupted_then_resumed(tmp_path, *options)
+    assert whole == resumed
+    assert '"stage": "post"' in whole and '"stage": "pre"' in whole and '"round": 4' in whole and '"tau"' in whole
+
+
+def test_refuses_a_rank_width_that_does_not_divide_every_width(tmp_path):
+    with pytest.raises(ValueError, match="rank_width"):
+        build_experiment(to_container(config(tmp_path, *FAST, *HETERO, "method.rank_width=0.5")))
+
+
+def test_loss_is_both_heads_plus_the_conv_orthogonality(tmp_path):
+    exp = experiment(tmp_path, "method.lam=0.5")
+    method, worker = exp.method, exp.fed.worker
+    worker.load(method.client_model(3))
+    x, y = next(exp.data.client(3).batches("train", 8, shuffle=False, augment=False))
+    g, local = worker.module.logits(x)
+    convs = [layer for layer in pa3d_layers(worker.module) if len(layer.kernel) == 2]
+    u = convs[0].general.detach()
+    gram = torch.einsum("akr,akq->arq", u, u)
+    off = gram - torch.diag_embed(torch.diagonal(gram, dim1=1, dim2=2))
+    assert float(convs[0].orthogonality("sum").detach()) == pytest.approx(float(off.pow(2).sum()), rel=1e-5)
+    orth = sum(layer.orthogonality("mean") for layer in convs)  # the linear layer is not regularised
+    want = F.cross_entropy(g, y) + F.cross_entropy(local, y) + 0.5 * orth
+    assert float(method.loss(None, worker, x, y).detach()) == pytest.approx(float(want.detach()), rel=1e-6)
