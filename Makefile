@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist demo test reliability lint bench efficiency report report-screenshot clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency report report-screenshot clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed fashion-mnist
+setup: $(VENV)/.installed fashion-mnist chromium
 
 # Fashion-MNIST (the Tiny-ImageNet stand-in of the FedCAC mini tables) from Debian, when root with apt;
 # otherwise the tables' pre-launch check says how to get it. Never fails the setup.
@@ -52,6 +52,16 @@ fashion-mnist:
 	  { timeout 300 apt-get update -qq >/dev/null 2>&1 && \
 	    timeout 300 apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1; } || \
 	  echo "could not install dataset-fashion-mnist; tables that need it will say how to get it"; fi
+
+# Debian's Chromium for the headless-browser test of `make report`, when root with apt. Never fails the setup;
+# without it that test fails with the command that installs it.
+chromium:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium (make report's browser test)"; \
+	  timeout 600 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { timeout 300 apt-get update -qq >/dev/null 2>&1 && \
+	    timeout 600 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; } || \
+	  echo "could not install chromium; tests/test_report.py's browser test will say how to get it"; fi
 
 demo: setup
 	$(PY) scripts/demo.py --out results/demo
