@@ -19,12 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.core.aggregate import WeightedMean
-from bench.core.engine import METHODS, ClientRound, Method
-from bench.core.flat import FlatModel
+from bench.core.engine import METHODS
 from bench.core.models import MODELS, SplitModel, scaled
 from datasets.partition import Parts, fail, scheme
 from datasets.sources import SOURCES, SPLITS, ImageData
+from methods.fedavg import FedAvg
 
 if TYPE_CHECKING:  # what a partition scheme is given (labels and per-class pool positions)
     from datasets.partition import _Data
@@ -90,24 +89,15 @@ class FedAvgMHyper:
 
 
 @METHODS.register("my_fedavgm")
-class FedAvgM(Method):
+class FedAvgM(FedAvg):
     """FedAvg with server momentum (Hsu et al., 2019): with w the global model and w_bar the participants'
     sample-weighted mean, the server keeps v <- beta v + (w - w_bar) and steps w <- w - eta v."""
 
     Hyper = FedAvgMHyper
 
     def setup(self, init: torch.Tensor) -> None:
-        self.state["global"] = init
+        super().setup(init)  # FedAvg's global model, client model and sample-weighted mean are reused as they are
         self.state["velocity"] = torch.zeros_like(init)
-
-    def client_model(self, cid: int) -> torch.Tensor:
-        return self.state["global"]
-
-    def begin_round(self, round_: int, participants: Sequence[int]) -> None:
-        self._mean = WeightedMean()
-
-    def upload(self, task: ClientRound, model: FlatModel) -> None:
-        self._mean.add(model.vector, float(self.fed.train_sizes[task.cid]))
 
     def aggregate(self, round_: int, participants: Sequence[int]) -> None:
         w = self.state["global"]
