@@ -49,7 +49,7 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
 
 #: config keys added after runs existed, left out of a run's identity while they have no effect, so that those
 #: runs keep their directories (key -> "this value changes nothing")
-NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal"}
+NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False}
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
@@ -182,6 +182,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "schema": 1,
         "method": conf["method"]["name"],
         "dataset": conf["dataset"]["name"],
+        "model": conf["model"]["name"],
         "partition": conf["partition"]["scheme"],
         "exp": conf.get("exp", "default"),
         "seed": conf["seed"],

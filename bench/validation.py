@@ -66,6 +66,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rounds": _int(1),
     "threads": _optional(_int(1)),
     "quiet": _BOOL,
+    "compile": _BOOL,
     "exp": _TEXT,
     "out_dir": _TEXT,
     "cache_dir": _optional(_TEXT),

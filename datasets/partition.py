@@ -84,7 +84,7 @@ Parts = list[tuple[np.ndarray, np.ndarray]]  # per client: (train pool positions
 
 @dataclass(frozen=True)
 class Scheme:
-    draw: Callable[[_Data, int, np.random.Generator, dict], Parts]
+    draw: Callable[[PartitionData, int, np.random.Generator, dict], Parts]
     defaults: dict
 
 
@@ -106,8 +106,9 @@ def fail(param: str, value: Any, fix: str) -> PartitionError:
     return PartitionError(f"partition.{param}={value!r} is invalid: {fix}")
 
 
-class _Data:
-    """Labels as numpy arrays plus per-class position lists (pool positions)."""
+class PartitionData:
+    """What a scheme's draw function is given: the labels as numpy arrays plus per-class position lists (pool
+    positions: test positions start after the ``n_train`` train samples)."""
 
     def __init__(self, labels: LabelInfo) -> None:
         self.y_train = labels.train_labels.cpu().numpy().astype(np.int64)
@@ -184,7 +185,7 @@ class _Sampler:
         return picked
 
 
-def _fixed_size_parts(data: _Data, num_clients: int, rng: np.random.Generator, p: dict,
+def _fixed_size_parts(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict,
                       class_counts: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> Parts:
     overlap = bool(p["overlap"])
     train = _Sampler(data.train_by_class, overlap, "train", "n_train")
@@ -198,7 +199,7 @@ def _fixed_size_parts(data: _Data, num_clients: int, rng: np.random.Generator, p
     return parts
 
 
-def _check_sizes(p: dict, data: _Data, num_clients: int) -> tuple[int, int]:
+def _check_sizes(p: dict, data: PartitionData, num_clients: int) -> tuple[int, int]:
     n_train, n_test = _positive_int(p, "n_train"), _positive_int(p, "n_test", minimum=0)
     if not p["overlap"]:
         for key, n, avail in (("n_train", n_train, data.n_train), ("n_test", n_test, len(data.y_test))):
@@ -209,7 +210,7 @@ def _check_sizes(p: dict, data: _Data, num_clients: int) -> tuple[int, int]:
 
 
 @scheme("pathological", classes_per_client=2, n_train=500, n_test=100, overlap=True)
-def _pathological(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _pathological(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     k = _positive_int(p, "classes_per_client")
     if k > data.num_classes:
         raise fail("classes_per_client", k, f"it must be <= the number of classes ({data.num_classes})")
@@ -243,7 +244,7 @@ def dirichlet_counts(q: np.ndarray, n: int) -> np.ndarray:
 
 
 @scheme("dirichlet", alpha=0.1, n_train=500, n_test=100, prior="uniform", overlap=True)
-def _dirichlet(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _dirichlet(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     alpha = _alpha(p)
     prior = _choice(p, "prior", ("uniform", "class_prior"))
     n_train, n_test = _check_sizes(p, data, num_clients)
@@ -264,7 +265,7 @@ def _dirichlet(data: _Data, num_clients: int, rng: np.random.Generator, p: dict)
 
 # ------------------------------------------------------------------------------------- shards
 @scheme("shards", shards_per_client=2, num_users=None, train_per_class=None, test_per_class=None)
-def _shards(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _shards(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     s = _positive_int(p, "shards_per_client")
     users = num_clients if p["num_users"] is None else _positive_int(p, "num_users")
     if users < num_clients:
@@ -298,7 +299,7 @@ def _shards(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) ->
 
 
 # ------------------------------------------------------------------ whole-split partitions
-def _test_parts(data: _Data, train_parts: list[np.ndarray], rng: np.random.Generator, p: dict) -> Parts:
+def _test_parts(data: PartitionData, train_parts: list[np.ndarray], rng: np.random.Generator, p: dict) -> Parts:
     mode = _choice(p, "test_mode", TEST_MODES)
     if mode == "holdout":
         frac = _fraction(p, "test_fraction", low_open=True)
@@ -332,7 +333,7 @@ def _check_test_mode(p: dict) -> None:
 
 
 @scheme("dirichlet_hsu", alpha=0.5, min_size=10, max_retries=100, test_mode="matched", test_fraction=0.2)
-def _dirichlet_hsu(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _dirichlet_hsu(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     alpha = _alpha(p)
     min_size, retries = _positive_int(p, "min_size", 0), _positive_int(p, "max_retries")
     _check_test_mode(p)
@@ -354,7 +355,7 @@ def _dirichlet_hsu(data: _Data, num_clients: int, rng: np.random.Generator, p: d
 
 
 @scheme("classes_per_client", k=2, test_mode="matched", test_fraction=0.2)
-def _classes_per_client(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _classes_per_client(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     k = _positive_int(p, "k")
     if k > data.num_classes:
         raise fail("k", k, f"it must be <= the number of classes ({data.num_classes})")
@@ -372,7 +373,7 @@ def _classes_per_client(data: _Data, num_clients: int, rng: np.random.Generator,
 
 
 @scheme("iid", test_mode="matched", test_fraction=0.2)
-def _iid(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _iid(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     _check_test_mode(p)
     if num_clients > data.n_train:
         raise PartitionError(f"num_clients={num_clients} is invalid: only {data.n_train} training samples")
@@ -387,7 +388,7 @@ def _first_per_class(positions: np.ndarray, labels: np.ndarray, cap: int | None)
 
 
 @scheme("domain", clients_per_domain=1, train_per_class=None, test_per_class=None)
-def _domain(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def _domain(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     if data.d_train is None or data.d_test is None:
         raise fail("scheme", "domain", "the dataset has one domain; list several in dataset.domains")
     per = _positive_int(p, "clients_per_domain")
@@ -408,7 +409,7 @@ def _domain(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) ->
 
 
 # -------------------------------------------------------------------------------- entry point
-def _val_split(data: _Data, train: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def _val_split(data: PartitionData, train: np.ndarray, frac: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """Move round(frac * n_c) samples of every class c of ``train`` into val."""
     labels = data.label(train)
     val = []
@@ -435,7 +436,7 @@ def make_partition(scheme: str, labels: LabelInfo, num_clients: int, seed: int, 
         raise PartitionError(f"num_clients={num_clients!r} is invalid: it must be an integer >= 1")
     frac = _fraction({"val_fraction": val_fraction}, "val_fraction")
     p = {**spec.defaults, **params}
-    data = _Data(labels)
+    data = PartitionData(labels)
     rng = np.random.default_rng(np.random.PCG64(seed))
     parts = spec.draw(data, int(num_clients), rng, p)
     val_rng = np.random.default_rng(np.random.PCG64([seed, 1]))

@@ -1,15 +1,16 @@
 """Content-addressed on-disk cache of partitions.
 
-The key is a sha256 over (dataset, scheme, parameters, clients, data seed, val fraction, label
-fingerprint). Files are written to a unique temp file and moved into place with ``os.replace``, so any
-number of concurrent runs may compute the same partition: they write identical bytes and a reader never
-sees a torn file. Every file carries the sha256 of its content, checked on load: an unreadable or altered
-file is recomputed and rewritten, with a warning naming it.
+The key is a sha256 over (dataset, scheme, the source of its draw function, parameters, clients, data seed,
+val fraction, label fingerprint). Files are written to a unique temp file and moved into place with
+``os.replace``, so any number of concurrent runs may compute the same partition: they write identical bytes
+and a reader never sees a torn file. Every file carries the sha256 of its content, checked on load: an
+unreadable or altered file is recomputed and rewritten, with a warning naming it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import warnings
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from bench.core.records import load_verified, save_verified
-from datasets.partition import LabelInfo, Partition, make_partition
+from datasets.partition import PARTITIONERS, LabelInfo, Partition, make_partition
 
 
 def label_fingerprint(labels: LabelInfo) -> str:
@@ -31,11 +32,21 @@ def label_fingerprint(labels: LabelInfo) -> str:
     return h.hexdigest()
 
 
+def scheme_code(scheme: str) -> str:
+    """sha256 of the source of the scheme's draw function (a user's scheme edited in place gets new keys)."""
+    draw = PARTITIONERS.get(scheme).draw
+    try:
+        source = inspect.getsource(draw)
+    except (OSError, TypeError):  # defined where no source is available (an interactive session)
+        source = f"{draw.__module__}.{draw.__qualname__}"
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def partition_key(dataset: str, scheme: str, params: Mapping[str, Any], num_clients: int, seed: int,
                   val_fraction: float, fingerprint: str) -> str:
     blob = json.dumps({"dataset": dataset, "scheme": scheme, "params": dict(params), "clients": num_clients,
-                       "seed": seed, "val_fraction": float(val_fraction), "labels": fingerprint},
-                      sort_keys=True, default=str)
+                       "seed": seed, "val_fraction": float(val_fraction), "labels": fingerprint,
+                       "code": scheme_code(scheme)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -35,7 +35,7 @@ from bench.core.records import atomic_write_bytes
 from datasets.partition import Partition, PartitionError, fail, scheme
 
 if TYPE_CHECKING:
-    from datasets.partition import _Data
+    from datasets.partition import PartitionData
 
 FORMAT = "pflrepro-partition/1"
 SUFFIXES = (".npz", ".json")
@@ -311,7 +311,8 @@ def file_to_parts(pf: PartitionFile, n_train: int) -> list[tuple[np.ndarray, np.
 
 
 @scheme("from_file", path=None, sha256=None, dataset_name=None)
-def _from_file(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> list[tuple[np.ndarray, ...]]:
+def _from_file(data: PartitionData, num_clients: int, rng: np.random.Generator,
+               p: dict) -> list[tuple[np.ndarray, ...]]:
     """The clients of a partition file; ``sha256`` (filled by the config) pins its content."""
     if p["path"] is None:
         raise fail("path", None, "give the partition file: partition=from_file partition.path=<file.npz|.json>")

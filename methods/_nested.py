@@ -116,9 +116,7 @@ class NestedWidths(Method):
     def __init__(self, fed: Federation, hp: Any) -> None:
         super().__init__(fed, hp)
         check_hyper(hp)
-        capacities = fed.capacities if fed.capacities is not None else torch.ones(fed.num_clients,
-                                                                                      dtype=torch.float64)
-        self.widths: list[float] = widths_for(capacities, hp.width_rule, hp.width_step)
+        self.widths: list[float] = widths_for(fed.capacities, hp.width_rule, hp.width_step)
         self._positions: dict[tuple[float, int], torch.Tensor] = {}
         self._recollected: dict[tuple[float, int], torch.Tensor] = {}
 

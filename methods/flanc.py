@@ -57,8 +57,7 @@ class FLANC(Method):
 
     def __init__(self, fed: Federation, hp: FLANCHyper) -> None:
         super().__init__(fed, hp)
-        caps = fed.capacities if fed.capacities is not None else torch.ones(fed.num_clients, dtype=torch.float64)
-        self.widths = widths_for(caps, "multiple", hp.width_step)
+        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
 
     @classmethod
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:

@@ -198,8 +198,7 @@ class Pa3dFL(Method):
 
     def __init__(self, fed: Federation, hp: Pa3dFLHyper) -> None:
         super().__init__(fed, hp)
-        caps = fed.capacities if fed.capacities is not None else torch.ones(fed.num_clients, dtype=torch.float64)
-        self.widths = widths_for(caps, "multiple", hp.width_step)
+        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
         bad = sorted({w for w in self.widths if abs(w / hp.rank_width - round(w / hp.rank_width)) > 1e-9})
         if bad:
             raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={hp.rank_width}: set it "

@@ -101,8 +101,7 @@ class PFedGate(PartialPersonalization):
 
     def __init__(self, fed: Federation, hp: PFedGateHyper) -> None:
         super().__init__(fed, hp)
-        caps = fed.capacities if fed.capacities is not None else torch.ones(fed.num_clients, dtype=torch.float64)
-        self.budgets = [min(float(r), hp.sparsity or 1.0) for r in caps]
+        self.budgets = [min(float(r), hp.sparsity or 1.0) for r in fed.capacities]
         self._gate_opt: torch.optim.Optimizer | None = None
 
     @classmethod

@@ -68,8 +68,7 @@ class TailorFL(Method):
 
     def __init__(self, fed: Federation, hp: TailorFLHyper) -> None:
         super().__init__(fed, hp)
-        caps = fed.capacities if fed.capacities is not None else torch.ones(fed.num_clients, dtype=torch.float64)
-        self.widths = widths_for(caps, "multiple", hp.width_step)
+        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
         full = fed.worker
         self.dims = channel_groups(full.module)
         weights = [(e, self.dims[(e.name, 0)]) for e in full.entries if e.name.startswith("body.")

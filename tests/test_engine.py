@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from torch import nn
 
 from bench.core.builder import build_experiment, build_worker
 from bench.core.data import FederatedData
@@ -169,6 +171,7 @@ def test_summary_json_is_labelled_with_protocols(tmp_path):
     summary, run_dir = run(tmp_path, "rounds=2")
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk == summary and on_disk["complete"] is True
+    assert on_disk["model"] == yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["name"]
     counts = (run_dir / "partition" / "class_counts.csv").read_text().splitlines()
     assert len(counts) == 1 + 4 * 3 and (run_dir / "partition" / "partition.png").exists()
     protocols = {(r["stage"], r["selection"], r["weighting"]) for r in on_disk["results"]}
@@ -181,3 +184,10 @@ def test_local_answers_pre_protocols_with_its_post_results(tmp_path):
     by = {(r["stage"], r["selection"], r["weighting"]): r for r in summary["results"]}
     assert by[("pre", "final", "unweighted")]["acc"] == by[("post", "final", "unweighted")]["acc"]
     assert summary["primary"]["stage"] == "pre"
+
+
+def test_federation_without_capacities_gives_every_client_capacity_one():
+    from tests.helpers import federation
+
+    fed = federation(nn.Linear(2, 2), 3)
+    assert fed.capacities.dtype == torch.float64 and fed.capacities.tolist() == [1.0, 1.0, 1.0]

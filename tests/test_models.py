@@ -41,7 +41,7 @@ def count(model: nn.Module) -> int:
 
 INPUTS = {  # name -> (in_channels, image_size, num_classes) at the intended input
     "resnet8": (3, 32, 10), "resnet10": (3, 64, 200), "resnet18": (3, 32, 10), "cnn_cifar100": (3, 32, 100),
-    "cnn_fmnist": (1, 28, 10), "lenet64": (3, 64, 10), "small_cnn": (1, 8, 10),
+    "cnn_fmnist": (1, 28, 10), "lenet64": (3, 64, 10), "small_cnn": (1, 8, 10), "cnn_fedavg": (1, 28, 10),
 }
 
 
@@ -86,6 +86,10 @@ def test_exact_parameter_counts_at_full_width():
     lenet = (conv(5, 3, 64, True) + conv(5, 64, 64, True) + linear(10816, 384) + linear(384, 192)
              + linear(192, 10))
     assert count(make("lenet64")) == lenet == 4_336_906
+
+    fedavg = conv(5, 1, 32, True) + conv(5, 32, 64, True) + linear(64 * 4 * 4, 512) + linear(512, 10)
+    assert count(make("cnn_fedavg")) == fedavg == 582_026  # PFLlib's FedAvgCNN for MNIST (dim=1024)
+    assert count(make("cnn_fedavg", norm="bn")) == fedavg + norm(32) + norm(64)
 
     small = conv(3, 1, 32, True) + conv(3, 32, 64, True) + linear(64 * 4 * 4, 128) + linear(128, 10)
     assert count(make("small_cnn")) == small == 151_306
@@ -334,3 +338,11 @@ def test_small_cnn_optional_batchnorm():
     assert sum(isinstance(m, nn.BatchNorm2d) for m in bn_model.modules()) == 2
     with pytest.raises(ValueError, match="model.options.norm='gn'"):
         make("small_cnn", norm="gn")
+
+
+def test_cnn_fedavg_batchnorm_option_and_bad_norm():
+    bn = make("cnn_fedavg", norm="bn")
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in bn.modules()) == 2
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in make("cnn_fedavg").modules())
+    with pytest.raises(ValueError, match="model.options.norm='gn' is invalid for cnn_fedavg"):
+        make("cnn_fedavg", norm="gn")

@@ -227,3 +227,23 @@ def test_report_counts_and_plot(tmp_path):
     assert paths["png"].stat().st_size > 1000 and paths["pdf"].exists()
     csv = paths["csv"].read_text().splitlines()
     assert csv[0].startswith("client,part,class_0") and len(csv) == 1 + 6 * 3
+
+
+def test_cache_key_follows_the_scheme_code(tmp_path, monkeypatch):
+    """Editing a scheme's draw function (a user's plug-in, say) must not serve partitions cached by the old
+    code: the cache key holds the draw function's source."""
+    import dataclasses
+
+    from datasets import partition as partition_module
+    from datasets.partition_cache import partition_key, scheme_code
+
+    key = partition_key("toy", "dirichlet", {"alpha": 0.5}, 10, 0, 0.0, "labels")
+    assert key == partition_key("toy", "dirichlet", {"alpha": 0.5}, 10, 0, 0.0, "labels")
+    original = partition_module.PARTITIONERS.get("dirichlet")
+
+    def edited(data, num_clients, rng, p):  # same name, other code
+        return original.draw(data, num_clients, rng, p)
+
+    monkeypatch.setitem(partition_module.PARTITIONERS._entries, "dirichlet", dataclasses.replace(original, draw=edited))
+    assert scheme_code("dirichlet") != scheme_code("shards")
+    assert partition_key("toy", "dirichlet", {"alpha": 0.5}, 10, 0, 0.0, "labels") != key

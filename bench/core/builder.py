@@ -72,9 +72,19 @@ def model_builder(cfg: Mapping[str, Any], num_classes: int, in_channels: int, im
         module = build_model(model_cfg["name"], num_classes=num_classes, in_channels=in_channels,
                              image_size=image_size, width=float(model_cfg.get("width", 1.0)) * width,
                              **dict(model_cfg.get("options") or {}))
-        return method.extend_model(module, hp, width) if method is not None else module
+        module = method.extend_model(module, hp, width) if method is not None else module
+        return compiled(module) if cfg.get("compile") else module
 
     return build
+
+
+def compiled(module: nn.Module) -> nn.Module:
+    """``module`` with its body (the whole module if it has none) run through ``torch.compile`` (``compile=true``).
+    In place (``nn.Module.compile``): parameter names, the flat layout and every hook stay as they are, and the
+    methods that call ``module.body`` directly (feature-based losses) get the compiled body too."""
+    target = module.body if isinstance(getattr(module, "body", None), nn.Module) else module
+    target.compile()
+    return module
 
 
 def build_worker(cfg: Mapping[str, Any], num_classes: int, in_channels: int, image_size: int,

@@ -84,7 +84,12 @@ class Federation:
     seed: int
     data: FederatedData | None = None  # for evaluation-time steps (fine-tuning, fusion on validation data)
     workers: WorkerFactory | None = None  # narrower workers on demand (clients of different capacities)
-    capacities: torch.Tensor | None = None  # r_i per client (float64 [N]; bench.core.capacity), None = all 1
+    #: r_i per client (float64 [N]; bench.core.capacity); given as None, it is all ones
+    capacities: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.capacities is None:
+            object.__setattr__(self, "capacities", torch.ones(self.num_clients, dtype=torch.float64))
 
     @property
     def size(self) -> int:

@@ -309,6 +309,23 @@ def cnn_fmnist(*, num_classes: int, in_channels: int = 1, image_size: int = 28,
     return _conv_mlp(convs, [scaled(512, width), scaled(128, width)], num_classes, in_channels, image_size)
 
 
+@MODELS.register("cnn_fedavg")
+def cnn_fedavg(*, num_classes: int, in_channels: int = 1, image_size: int = 28, width: float = 1.0,
+               norm: str = "none") -> SplitModel:
+    """The two-conv CNN of FedAvg's paper (McMahan et al. 2017, Sec. 3) as PFLlib's ``FedAvgCNN`` builds it for
+    (Fashion-)MNIST: conv5x5 32 and conv5x5 64 (no padding), each + ReLU + maxpool2, FC 512 + ReLU, head.
+    ``norm="bn"`` adds BatchNorm after each conv (so that FedBN has norm layers to keep local)."""
+    if norm not in ("none", "bn"):
+        raise ValueError(f"model.options.norm={norm!r} is invalid for cnn_fedavg: use 'none' or 'bn'")
+    layers: list[nn.Module] = []
+    cin = in_channels
+    for c in (scaled(32, width), scaled(64, width)):
+        layers += [nn.Conv2d(cin, c, 5), *([nn.BatchNorm2d(c)] if norm == "bn" else []), nn.ReLU(inplace=True),
+                   nn.MaxPool2d(2)]
+        cin = c
+    return _conv_mlp(layers, [scaled(512, width)], num_classes, in_channels, image_size)
+
+
 @MODELS.register("lenet64")
 def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64,
             width: float = 1.0) -> SplitModel:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,12 +20,9 @@ from torch import nn
 
 from bench.core.engine import METHODS
 from bench.core.models import MODELS, SplitModel, scaled
-from datasets.partition import Parts, fail, scheme
+from datasets.partition import PartitionData, Parts, fail, scheme
 from datasets.sources import SOURCES, SPLITS, ImageData
 from methods.fedavg import FedAvg
-
-if TYPE_CHECKING:  # what a partition scheme is given (labels and per-class pool positions)
-    from datasets.partition import _Data
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -59,7 +55,7 @@ def load_stripes(split: str, root: Path | None = None, download: bool = False, *
 
 # ------------------------------------------------------------------------------------ partition scheme
 @scheme("my_groups", groups=2)
-def my_groups(data: _Data, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+def my_groups(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     """Class ``c`` belongs to group ``c % groups``, client ``i`` holds group ``i % groups``; each group's train
     samples and test samples are shuffled and split evenly among its clients. Parameters: ``p`` (the scheme's
     defaults updated by the config), ``rng`` (seeded from ``data_seed``: use no other randomness)."""
