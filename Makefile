@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency report report-screenshot clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -33,6 +33,7 @@ help:
 	@echo "make efficiency  FLOPs, peak memory, model size per capacity method and width -> results/pa3dfl/"
 	@echo "make report  one static page of every table, figure and provenance -> results/index.html"
 	@echo "             (make report-screenshot: also results/index.png, needs Debian's chromium)"
+	@echo "make wandb-tables  every table (+ its paper's figures) as a W&B run, offline -> runs/wandb-tables/ (then wandb sync)"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Debian/Ubuntu: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -108,6 +109,9 @@ report: setup
 
 report-screenshot: setup
 	$(PY) -m bench.report --results results --out results/index.html --screenshot
+
+wandb-tables: setup
+	$(PY) -m bench.wandb_tables --results results --scale $(strip $(SCALE))
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):
