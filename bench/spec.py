@@ -44,6 +44,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     for scale in SCALES:
         output_columns(spec, scale)  # per_client entries well-formed, column names unique
     names = {column["name"] for column in spec["columns"]}
+    for row in spec["rows"]:
+        unknown_columns = set(row.get("by_column", {})) - names
+        if unknown_columns:
+            raise ValueError(f"table spec {path}: row {row.get('name')!r} has by_column entries for no column "
+                             f"{sorted(unknown_columns)}; columns: {sorted(names)}")
     for key in ("column_overrides", "per_client"):
         unknown = set(spec.get("scales", {}).get("mini", {}).get(key, {})) - names
         if unknown:
@@ -82,6 +87,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
             if row.get("unavailable"):
                 continue
             row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
+                         *row.get("by_column", {}).get(column["name"], []),
                          *mini.get("rows", {}).get(row["name"], []),
                          *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
             for seed in seeds:

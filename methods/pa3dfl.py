@@ -29,10 +29,11 @@ from bench.core.capacity import widths_for
 from bench.core.engine import METHODS, ClientRound, Federation, Method, evaluate
 from bench.core.flat import FlatModel
 from bench.core.seeding import derive_seed
-from methods._decomposed import decompose
+from methods._decomposed import Decomposed, decompose
 
 CHOICES = {"decoder_init": ("default", "model"), "orth_reduction": ("mean", "sum"), "width_params": ("nested", "local"),
-           "fusion_space": ("dense", "factors")}
+           "fusion_space": ("dense", "factors"), "decomposition": ("pa3dfl", "flanc"),
+           "personal_aggregation": ("hypernetwork", "local")}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Pa3dFLHyper:
     fusion_steps: int  # K of Alg. 1: alpha in {0, 1/K, ..., 1}
     fusion_space: str  # dense: interpolate the recovered weights W | factors: interpolate U and V themselves
     ties_to_global: bool  # equal validation accuracy: the larger alpha (else the smaller)
+    decomposition: str  # pa3dfl: W = U V of Eq. 4 | flanc: FLANC's W = C B (Eq. 3), B general, C personal (Table 3)
+    basis_ratio: float  # decomposition=flanc: R2 = floor(basis_ratio * T) basis filters (FLANC's 1/4)
+    personal_aggregation: str  # hypernetwork (Eqs. 7-9) | local: each client keeps its own V and local head (Table 3)
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
@@ -106,8 +110,28 @@ class Pa3dLayer(nn.Module):
         return total if reduction == "sum" else total / max(1, off[0].numel() - off.shape[1]) / off.shape[0]
 
 
-def pa3d_layers(module: nn.Module) -> list[Pa3dLayer]:
-    return [m for m in module.modules() if isinstance(m, Pa3dLayer)]
+class FlancLayer(Decomposed):
+    """Table 3's variant "with FLANC's decomposition": W = C B (FLANC, Eq. 3 of Pa3dFL) with the basis B as the general
+    part (averaged) and the coefficients C as the personal part (generated, pruned as a prefix at narrow widths)."""
+
+    def __init__(self, layer: nn.Conv2d | nn.Linear, rank: int, group: int) -> None:
+        super().__init__(layer, rank, group)
+        self.dense: torch.Tensor | None = None
+
+    def weight(self) -> torch.Tensor:
+        return super().weight() if self.dense is None else self.dense
+
+    def orthogonality(self, reduction: str) -> torch.Tensor:  # type: ignore[override]
+        mean = super().orthogonality()
+        return mean * self.basis.shape[0] ** 2 if reduction == "sum" else mean
+
+
+#: parameter names of the general (averaged) and personal (generated) parts of both decompositions
+GENERAL, PERSONAL = (".general", ".basis"), (".personal", ".coeff")
+
+
+def pa3d_layers(module: nn.Module) -> list[Pa3dLayer | FlancLayer]:
+    return [m for m in module.modules() if isinstance(m, Pa3dLayer | FlancLayer)]
 
 
 @contextmanager
@@ -204,8 +228,8 @@ class Pa3dFL(Method):
             raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={hp.rank_width}: set it "
                              f"to p_min = {min(self.widths)} (Eq. 10 prunes whole blocks of R1 channels)")
         full = fed.worker
-        self._gen = full.mask(lambda e: e.name.endswith(".personal") or e.name.startswith("local."))
-        self._general = full.mask(lambda e: e.name.endswith(".general"))
+        self._gen = full.mask(lambda e: e.name.endswith(PERSONAL) or e.name.startswith("local."))
+        self._general = full.mask(lambda e: e.name.endswith(GENERAL))
         self._head = full.mask(lambda e: e.name.startswith("head."))
         self._local = full.mask(lambda e: e.name.startswith("local."))
         self._rest = ~(self._gen | self._general | self._head)
@@ -226,6 +250,9 @@ class Pa3dFL(Method):
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:
         def make(name: str, layer: nn.Conv2d | nn.Linear, first: bool) -> nn.Module:
             out_f, k2 = layer.weight.shape[0], math.prod(layer.weight.shape[2:])
+            if hp.decomposition == "flanc":  # FLANC's R1 = rank_width S (p_min S), R2 = basis_ratio T, full model
+                group = layer.weight.shape[1] if first else max(1, round(hp.rank_width * layer.weight.shape[1] / width))
+                return FlancLayer(layer, max(1, math.floor(hp.basis_ratio * round(out_f / width))), group)
             rank1 = round(hp.rank_width * round(out_f / width))  # R1 of the full model, at every width
             if rank1 < 1 or out_f % rank1:
                 raise ValueError(f"Pa3dFL: {name} has {out_f} outputs at width {width}, not whole blocks of "
@@ -263,6 +290,8 @@ class Pa3dFL(Method):
     def setup(self, init: torch.Tensor) -> None:
         self.state["global"] = init  # U, biases, norms and the frozen global head (V's entries are never used)
         self.state["trained"] = {}  # cid -> the client's last locally trained model (B of Alg. 1)
+        if self.hp.personal_aggregation == "local":  # no hypernetwork: V and the local head start from the init
+            self.state["personal"] = init[self._gen].repeat(self.fed.num_clients, 1)
         if self.hp.width_params == "local":
             self.state["rest"] = init[self._rest].repeat(self.fed.num_clients, 1)
         if self.hp.decoder_init == "model":  # every client starts from the (decomposed) initial model
@@ -284,6 +313,9 @@ class Pa3dFL(Method):
         vector = self.state["global"][lay.positions]
         if self.hp.width_params == "local":
             vector[lay.rest] = self.state["rest"][cid, lay.rest_slot]
+        if self.hp.personal_aggregation == "local":
+            vector[lay.generated] = self.state["personal"][cid, lay.source]
+            return vector
         with torch.no_grad():
             vector[lay.generated] = self.state["hn"]["net"](cid)[lay.source]  # Eqs. 9-10
         return vector
@@ -303,10 +335,13 @@ class Pa3dFL(Method):
         self._mean.add(vector[lay.averaged], 1.0, index=lay.positions[lay.averaged], size=self.fed.size)  # Eq. 6
         if self.hp.width_params == "local":
             self.state["rest"][task.cid, lay.rest_slot] = vector[lay.rest]
+        self.state["trained"][task.cid] = model.read()
+        if self.hp.personal_aggregation == "local":
+            self.state["personal"][task.cid, lay.source] = vector[lay.generated]
+            return
         delta = (task.start[lay.generated] - vector[lay.generated]).detach()  # theta_i - theta_i' (Eq. 8)
         generated = self.state["hn"]["net"](task.cid)[lay.source]
         (torch.dot(generated, delta) * self._scale).backward()  # accumulates the mean VJP in phi's .grad
-        self.state["trained"][task.cid] = model.read()
 
     def aggregate(self, round_: int, participants: Sequence[int]) -> None:
         self.state["global"] = self._mean.result(self.state["global"].dtype, fallback=self.state["global"])

@@ -15,7 +15,7 @@ from bench.compose import to_container
 from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
 from bench.run import execute
-from methods.pa3dfl import HyperNet, Pa3dFLHyper, Pa3dLayer, pa3d_layers
+from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
 from tests.test_widths import interrupted_then_resumed
@@ -35,7 +35,8 @@ def hyper(**changes) -> Pa3dFLHyper:
     values = dict(lam=0.1, hn_lr=0.1, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25, rank_scale=1.0,
                   width_step=None, tau_init=1.0, embed_std=1.0, decoder_init="default", hn_clip=50.0,
                   orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
-                  fusion_space="dense", ties_to_global=True)
+                  fusion_space="dense", ties_to_global=True, decomposition="pa3dfl", basis_ratio=0.25,
+                  personal_aggregation="hypernetwork")
     return Pa3dFLHyper(**{**values, **changes})
 
 
@@ -280,3 +281,63 @@ def test_loss_is_both_heads_plus_the_conv_orthogonality(tmp_path):
     orth = sum(layer.orthogonality("mean") for layer in convs)  # the linear layer is not regularised
     want = F.cross_entropy(g, y) + F.cross_entropy(local, y) + 0.5 * orth
     assert float(method.loss(None, worker, x, y).detach()) == pytest.approx(float(want.detach()), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------- Table 3's ablation variants
+def test_without_hypernetwork_aggregation_each_client_keeps_its_own_v(tmp_path):
+    """personal_aggregation=local: U is still averaged, but V and the local head are each client's own (no
+    hypernetwork step), starting from the decomposed initial model."""
+    exp = experiment(tmp_path, "method.personal_aggregation=local")
+    method, full = exp.method, exp.fed.worker
+    generated = full.mask(lambda e: e.name.endswith(".personal") or e.name.startswith("local."))
+    init = method.state["global"].clone()
+    hn_before = [p.detach().clone() for p in method.state["hn"]["net"].parameters()]
+    uploads: dict[int, torch.Tensor] = {}
+    exp.engine().round(1, on_client=lambda task, w: uploads.setdefault(task.cid, w.read()), evaluate=False)
+    for cid, upload in uploads.items():
+        worker = exp.fed.worker_for(method.widths[cid])
+        mine = worker.mask(lambda e: e.name.endswith(".personal") or e.name.startswith("local."))
+        received = method.client_model(cid)
+        torch.testing.assert_close(received[mine], upload[mine], rtol=0, atol=0)  # gets back what it trained
+        if method.widths[cid] == 1.0:  # trained, so no longer the initial V
+            assert not torch.equal(received[mine], init[generated])
+    assert all(torch.equal(a, b) for a, b in zip(hn_before, method.state["hn"]["net"].parameters(), strict=True))
+    narrow = min(uploads, key=lambda c: method.widths[c])
+    wide = max(uploads, key=lambda c: method.widths[c])
+    assert method.widths[narrow] < method.widths[wide]
+    assert not torch.equal(method.client_model(narrow)[exp.fed.worker_for(method.widths[narrow]).mask(
+        lambda e: e.name.startswith("local."))], method.client_model(wide)[full.mask(lambda e: e.name.startswith(
+            "local."))]), "clients share nothing personal"
+
+
+def test_flanc_decomposition_variant_shares_the_basis_and_generates_the_coefficients(tmp_path):
+    exp = experiment(tmp_path, "method.decomposition=flanc")
+    method, full = exp.method, exp.fed.worker
+    layers = pa3d_layers(full.module)
+    assert layers and all(isinstance(layer, FlancLayer) for layer in layers)
+    basis = full.mask(lambda e: e.name.endswith(".basis"))
+    coeff = full.mask(lambda e: e.name.endswith(".coeff"))
+    assert bool(basis.any()) and bool(coeff.any())
+    assert torch.equal(method._general, basis) and bool((method._gen & coeff).sum() == coeff.sum())
+    for width in method.widths:  # the same basis at every width; coefficients pruned as a prefix
+        worker = exp.fed.worker_for(width)
+        assert int(worker.mask(lambda e: e.name.endswith(".basis")).sum()) == int(basis.sum())
+        if width < 1:
+            assert int(worker.mask(lambda e: e.name.endswith(".coeff")).sum()) < int(coeff.sum())
+    uploads: dict[int, torch.Tensor] = {}
+    exp.engine().round(1, on_client=lambda task, w: uploads.setdefault(task.cid, w.read()), evaluate=False)
+    mean_b = sum(uploads[c][exp.fed.worker_for(method.widths[c]).mask(lambda e: e.name.endswith(".basis"))]
+                 for c in uploads) / len(uploads)
+    torch.testing.assert_close(method.state["global"][basis], mean_b, rtol=1e-6, atol=1e-7)  # Eq. 6 on B
+    layer = layers[0]
+    w = layer.weight().detach().clone()
+    layer.dense = torch.zeros_like(w)
+    assert torch.equal(layer.weight(), torch.zeros_like(w))  # fusion's recovered weights replace C B
+    layer.dense = None
+    torch.testing.assert_close(layer.weight(), w)
+
+
+@pytest.mark.parametrize("variant", ["method.decomposition=flanc", "method.personal_aggregation=local"])
+def test_ablation_variants_run_end_to_end(tmp_path, variant):
+    summary = execute(config(tmp_path, *FAST, *HETERO, variant, "rounds=2"))
+    assert summary["complete"] and 0 <= summary["primary"]["acc"] <= 100

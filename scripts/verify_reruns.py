@@ -1,0 +1,80 @@
+"""Rerun a sample of finished runs with this tree's code and compare their records with the stored ones.
+
+After a change to the shared core (``bench/core``, ``datasets``, ``bench/run.py``) every stored run is marked
+stale; this shows, on a sample, whether the change moved any number. Each sampled run is executed again from
+its own ``config.yaml`` into a temporary directory, and every record (minus wall-clock fields) and the
+summary's results must be equal bit for bit.
+
+Usage: ``python scripts/verify_reruns.py runs/fedselect runs/fedc2i --per-method 1 [--out results/bench/reruns.md]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+#: record fields that measure time, not results (timing.json holds the wall clock; this is a guard)
+CLOCK = ("seconds", "wall", "time", "timestamp", "elapsed")
+
+
+def _strip(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not any(c in k for c in CLOCK)}
+
+
+def _records(path: Path) -> list[dict]:
+    return [_strip(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def sample_runs(roots: Sequence[Path], per_method: int, seed: int) -> list[Path]:
+    """``per_method`` finished runs of every method found under ``roots``."""
+    by_method: dict[str, list[Path]] = {}
+    for root in roots:
+        for summary in sorted(root.rglob("summary.json")):
+            if ".stale" in summary.parts:
+                continue
+            by_method.setdefault(json.loads(summary.read_text())["method"], []).append(summary.parent)
+    rng = random.Random(seed)
+    return [run for runs in by_method.values() for run in rng.sample(runs, min(per_method, len(runs)))]
+
+
+def verify(run: Path, scratch: Path) -> tuple[bool, str]:
+    from bench.run import execute
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg.update(run_dir=str(scratch / run.name), quiet=True, threads=json.loads((run / "timing.json").read_text())
+               .get("threads", 1) if (run / "timing.json").exists() else 1)
+    cfg["logger"]["wandb"]["mode"] = "disabled"
+    summary = execute(cfg)
+    old, new = _records(run / "rounds.jsonl"), _records(scratch / run.name / "rounds.jsonl")
+    same = old == new and json.loads((run / "summary.json").read_text())["results"] == summary["results"]
+    return same, f"{len(new)} records" if same else f"records differ ({len(old)} stored, {len(new)} now)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("roots", nargs="+", type=Path)
+    parser.add_argument("--per-method", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as scratch:
+        for run in sample_runs(args.roots, args.per_method, args.seed):
+            same, detail = verify(run, Path(scratch))
+            ok &= same
+            rows.append(f"| {run} | {'identical' if same else 'DIFFERENT'} | {detail} |")
+            print(rows[-1], flush=True)
+    if args.out:
+        args.out.write_text("| stored run | rerun | detail |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
