@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 export WANDB_MODE ?= offline
 
 # Paper tables: one target per spec conf/paper/<paper>/<table|figN>.yaml, e.g. `make fedcac-table2`.
-SCALE    ?= mini          # mini (embedded stand-in data, CPU) | paper
+SCALE    ?= mini          # mini (embedded stand-in data, CPU, minutes) | medium (real data, fewer rounds, hours) | paper
 LAUNCHER ?= local         # local (capped processes) | slurm (job array) | inline (this process)
 SEEDS    ?=               # e.g. SEEDS="0 1 2"; empty = the spec's seeds for SCALE
 DATA_ROOT ?=              # where CIFAR/Tiny-ImageNet/... live (else $$PFL_DATA_ROOT, else ./data)
@@ -25,7 +25,7 @@ help:
 	@echo "make lint    ruff"
 	@echo "make bench   engine vs naive loop, seconds per round -> results/bench/"
 	@echo "make <paper>-<table>  one paper table or figure, e.g. make fedcac-table2 (alias: make table2);"
-	@echo "             SCALE=mini|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
+	@echo "             SCALE=mini|medium|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
 	@echo "             targets: $(TABLES)"
 	@echo "make tables  every table and figure above (finished cells are reused)"
 	@echo "make collect rewrite every table from the runs that exist (trains nothing)"

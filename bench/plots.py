@@ -118,7 +118,7 @@ def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs"
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="*", help="table specs (default: every conf/paper/*/table*|fig*.yaml)")
-    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--scale", default="mini", choices=["mini", "medium", "paper"])
     parser.add_argument("--out-dir", default="runs")
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from bench.core.records import atomic_write_text
-from bench.spec import label, output_base
+from bench.spec import label, output_base, scale_block, scale_columns
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -39,8 +39,8 @@ def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
 
 
 def title(spec: dict[str, Any], scale: str) -> str:
-    return f"{spec['paper']} {label(spec)}: {spec.get('title', '')}" + (" (mini-scale stand-in)" if scale == "mini"
-                                                                         else "")
+    suffix = {"mini": " (mini-scale stand-in)", "medium": " (medium scale)"}.get(scale, "")
+    return f"{spec['paper']} {label(spec)}: {spec.get('title', '')}" + suffix
 
 
 def has_paper_numbers(frame: pd.DataFrame) -> bool:
@@ -67,6 +67,15 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
     if scale == "mini":
         lines += ["**Mini-scale stand-in**: embedded data sets in place of the paper's, fewer clients and rounds, "
                   "a small model. The paper's columns are shown for orientation only; numbers are not comparable."]
+    if scale == "medium":
+        lines += ["**Medium scale**: real data with the paper's data protocol and fewer rounds (the spec's "
+                  "scales.medium); closer to the paper than the mini stand-in, but not the paper's budget."]
+    block = scale_block(spec, scale)
+    used = {c["dataset"] for c in scale_columns(spec, scale)}
+    swapped = {k: v for k, v in block.get("datasets", {}).items() if k in used and k != v}
+    if swapped or block.get("model"):
+        lines += ["Here: " + "; ".join([*(f"{k} → {v}" for k, v in sorted(swapped.items())),
+                                         *([f"model {block['model']}"] if block.get("model") else [])]) + "."]
     protocol = (f"Protocol: stage={proto['stage']}, selection={proto['selection']}, weighting={proto['weighting']}; "
                 "mean ± std over seeds (per-cell seed counts in the CSV)."
                 + (sample_sizes(frame) if frame is not None else ""))

@@ -43,6 +43,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from bench.core.records import atomic_write_text
+from bench.spec import SCALE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -115,7 +116,7 @@ class Table:
 
     paper: str
     name: str
-    scale: str  # "mini" (results/<paper>/) or "paper" (results/<paper>/paper-scale/)
+    scale: str  # "mini" (results/<paper>/), "medium" (.../medium/) or "paper" (.../paper-scale/)
     csv: Path
     frame: pd.DataFrame
     md: MarkdownParts
@@ -123,7 +124,7 @@ class Table:
 
     @property
     def anchor(self) -> str:
-        return anchor(self.paper, "paper-scale" if self.scale == "paper" else "", self.name)
+        return anchor(self.paper, SCALE_FOLDERS[self.scale], self.name)
 
 
 @dataclass(frozen=True)
@@ -360,12 +361,13 @@ def discover(results: Path, skip: Sequence[Path] = ()) -> list[Section]:
                      key=lambda p: (p.name in NO_TABLES, p.name))
     for folder in folders:
         tables, table_mds = [], set()
-        for scale, where in (("mini", folder), ("paper", folder / "paper-scale")):
+        for scale, where in (("mini", folder), ("medium", folder / "medium"), ("paper", folder / "paper-scale")):
             for csv in sorted(where.glob("*.csv"), key=natural) if folder.name not in NO_TABLES else []:
                 if is_table_csv(csv):
                     tables.append(read_table(folder.name, csv, scale))
                     table_mds.add(csv.with_suffix(".md"))
-        pages = [p for p in [*sorted(folder.glob("*.md")), *sorted((folder / "paper-scale").glob("*.md"))]
+        pages = [p for p in [*sorted(folder.glob("*.md")), *sorted((folder / "medium").glob("*.md")),
+                             *sorted((folder / "paper-scale").glob("*.md"))]
                  if p not in table_mds and p.resolve() not in skipped]
         figures = sorted({p for p in [*folder.glob("*.png"), *folder.glob("**/figures/**/*.png")]
                           if "runs" not in p.relative_to(folder).parts and p.resolve() not in skipped})
@@ -551,7 +553,7 @@ def table_section(table: Table, env: Environment, conf_dir: Path = CONF_DIR) -> 
     title = table.md.title or f"{table.paper} {table.name}"
     after = [b for b in table.md.after if not (table.stats and COMPARISON_BLOCK.match(b))]  # from .stats.json
     out = [f'<section class="table" id="{esc(table.anchor)}"><h3>{esc(title)}'
-           + (" <small>(paper scale)</small>" if table.scale == "paper" else "") + "</h3>",
+           + (f" <small>({table.scale} scale)</small>" if table.scale != "mini" else "") + "</h3>",
            '<div class="caption">' + "".join(f"<p>{inline(c)}</p>" for c in table.md.caption) + "</div>",
            table_html(table)]
     if table.stats:
@@ -583,7 +585,7 @@ def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CON
     toc, body = [], []
     for s in sections:
         sid = anchor("paper", s.name)
-        sub = [f'<li><a href="#{esc(t.anchor)}">{esc(t.name)}{" (paper scale)" if t.scale == "paper" else ""}'
+        sub = [f'<li><a href="#{esc(t.anchor)}">{esc(t.name)}{f" ({t.scale} scale)" if t.scale != "mini" else ""}'
                f"</a> <span class=meta>{esc(t.md.title)}</span></li>" for t in s.tables]
         sub += [f'<li><a href="#{esc(anchor(s.name, "page", p.relative_to(results / s.name).as_posix()))}">'
                 f'{esc(p.relative_to(results / s.name).as_posix())}</a> <span class=meta>{esc(page_title(p))}</span>'

@@ -19,7 +19,29 @@ from omegaconf import OmegaConf
 from bench.compose import compose_config, to_container
 
 PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
-SCALES = ("mini", "paper")
+SCALES = ("mini", "medium", "paper")
+#: where each scale's tables go under results/<paper>/ ("" = the paper's folder itself)
+SCALE_FOLDERS = {"mini": "", "medium": "medium", "paper": "paper-scale"}
+
+
+def scale_block(spec: dict[str, Any], scale: str) -> dict[str, Any]:
+    """The spec's ``scales.<scale>`` block (mini: embedded stand-ins; medium: real data, fewer rounds); the paper
+    scale has none."""
+    return {} if scale == "paper" else spec.get("scales", {}).get(scale, {})
+
+
+def scale_columns(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
+    """The spec's columns run at ``scale``: all, or the block's ``columns: [names]`` (e.g. the one column whose
+    data installs here, at medium scale)."""
+    names = scale_block(spec, scale).get("columns")
+    if names is None:
+        return list(spec["columns"])
+    known = [c["name"] for c in spec["columns"]]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"table {spec['paper']}/{spec['table']}: scales.{scale}.columns names no column {unknown}; "
+                         f"columns: {known}")
+    return [c for c in spec["columns"] if c["name"] in names]
 
 
 @dataclass(frozen=True)
@@ -49,11 +71,12 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         if unknown_columns:
             raise ValueError(f"table spec {path}: row {row.get('name')!r} has by_column entries for no column "
                              f"{sorted(unknown_columns)}; columns: {sorted(names)}")
-    for key in ("column_overrides", "per_client"):
-        unknown = set(spec.get("scales", {}).get("mini", {}).get(key, {})) - names
-        if unknown:
-            raise ValueError(f"table spec {path}: scales.mini.{key} names no column {sorted(unknown)}; "
-                             f"columns: {sorted(names)}")
+    for scale in SCALES:
+        for key in ("column_overrides", "per_client"):
+            unknown = set(scale_block(spec, scale).get(key, {})) - names
+            if unknown:
+                raise ValueError(f"table spec {path}: scales.{scale}.{key} names no column {sorted(unknown)}; "
+                                 f"columns: {sorted(names)}")
     return spec  # type: ignore[return-value]
 
 
@@ -68,9 +91,10 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
     """Every (row, column, seed) cell with its full Hydra override list."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is invalid: use one of {list(SCALES)}")
-    mini = spec.get("scales", {}).get("mini", {}) if scale == "mini" else {}
-    if scale == "mini" and not mini:
-        raise ValueError(f"table {spec['paper']}/{spec['table']} has no mini scale")
+    mini = scale_block(spec, scale)  # the mini or medium block (stand-in data, fewer rounds ...)
+    if scale != "paper" and not mini:
+        raise ValueError(f"table {spec['paper']}/{spec['table']} has no {scale} scale: add scales.{scale} to its spec "
+                         "or use another --scale")
     seeds = list(seeds if seeds is not None else mini.get("seeds", spec["seeds"]))
     proto = spec["protocol"]
     common = [*spec.get("base", []), *mini.get("base", []),
@@ -78,7 +102,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
               f"eval.primary.weighting={proto['weighting']}",
               f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
     cells = []
-    for column in spec["columns"]:
+    for column in scale_columns(spec, scale):
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
         model = mini.get("model", column["model"]) if mini else column["model"]
         data_extra = mini.get("dataset_overrides", {}).get(dataset, []) if mini else []
@@ -114,9 +138,9 @@ def output_columns(spec: dict[str, Any], scale: str = "paper") -> list[OutputCol
     A column's ``per_client: [{name: MNIST, setting: mnist}, ...]`` lists its clients in client-id order (the
     paper's ``setting`` of each, under the column's paper data set); at mini scale
     ``scales.mini.per_client: {<column name>: [...]}`` replaces it (the stand-in has other domains)."""
-    mini = spec.get("scales", {}).get("mini", {}) if scale == "mini" else {}
+    mini = scale_block(spec, scale)
     out = []
-    for column in spec["columns"]:
+    for column in scale_columns(spec, scale):
         ref = column.get("paper") or {}
         clients = mini.get("per_client", {}).get(column["name"], column.get("per_client", []))
         for i, client in enumerate(clients):
@@ -173,5 +197,6 @@ def cell_config(cell: Cell, spec: dict[str, Any] | None = None, scale: str = "pa
 
 
 def output_base(paper: str, name: str, scale: str, results_dir: str | os.PathLike = "results") -> Path:
-    """``results/<paper>/<name>`` at mini scale (what this repository can run), ``.../paper-scale/<name>``."""
-    return Path(results_dir) / paper / ("paper-scale" if scale == "paper" else "") / name
+    """``results/<paper>/<name>`` at mini scale (what this repository can run), ``.../medium/<name>``,
+    ``.../paper-scale/<name>``."""
+    return Path(results_dir) / paper / SCALE_FOLDERS[scale] / name

@@ -32,7 +32,7 @@ from bench.cells import run_cells
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text
 from bench.core.summary import pick
 from bench.render import markdown_table
-from bench.spec import expand, label, output_base
+from bench.spec import expand, label, output_base, scale_block
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[list[str]]:
@@ -50,7 +50,7 @@ def point_name(row: str, point: Sequence[str]) -> str:
 
 
 def settings(spec: dict[str, Any], scale: str) -> dict[str, Any]:
-    tuning = {**spec["tuning"], **(spec.get("scales", {}).get("mini", {}).get("tuning", {}) if scale == "mini" else {})}
+    tuning = {**spec["tuning"], **scale_block(spec, scale).get("tuning", {})}
     rows = {r["name"] for r in spec["rows"]}
     unknown = sorted(set(tuning.get("grid", {})) - rows)
     if unknown:

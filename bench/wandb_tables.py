@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.spec import SCALES, label, output_base
+from bench.spec import SCALES, label, output_base, scale_block
 from bench.wandb_logger import wandb_safe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +105,7 @@ def provenance(paper: str, table: str, scale: str, frame: pd.DataFrame, stats: M
     runs = None
     if spec:
         if seeds is None:
-            seeds = (spec.get("scales", {}).get("mini", {}) if scale == "mini" else {}).get("seeds", spec["seeds"])
+            seeds = scale_block(spec, scale).get("seeds", spec["seeds"])
         spec_columns = {c["name"] for c in spec["columns"]}  # per-client columns repeat their column's runs
         runs = int(frame[frame["column"].isin(spec_columns)]["seeds"].sum())
     code = code_identity()

@@ -98,7 +98,7 @@ def every_figure(scale: str, seed: int, rounds: Sequence[int] | None = None) -> 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("figure", choices=["fig3", "all"])
-    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--scale", default="mini", choices=["mini", "medium", "paper"])
     parser.add_argument("--seed", type=int, default=0, help="which seed's run to draw")
     parser.add_argument("--rounds", type=int, nargs="+", help="rounds to draw (default: the paper's, scaled)")
     parser.add_argument("--run", type=Path, help="draw this FedC2I run directory instead of the table's")

@@ -211,7 +211,7 @@ def every_figure(scale: str, rounds: int, epochs: int) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("figure", choices=["fig1a", "fig1b", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "all"])
-    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--scale", default="mini", choices=["mini", "medium", "paper"])
     parser.add_argument("--run", type=Path, help="run directory (fig7, fig8)")
     parser.add_argument("--rounds", type=int, default=30, help="fig1a rounds")
     parser.add_argument("--epochs", type=int, default=5, help="fig1b local epochs")

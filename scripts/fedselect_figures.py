@@ -93,7 +93,7 @@ def fig2(scale: str) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("figure", choices=["fig1", "fig2", "all"])
-    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--scale", default="mini", choices=["mini", "medium", "paper"])
     parser.add_argument("--seed", type=int, default=0, help="fig1: which seed's runs to draw")
     parser.add_argument("--row", default="FedSelect(0.50)", help="fig1: which row of Table 1 (the paper: p = 0.50)")
     args = parser.parse_args(argv)

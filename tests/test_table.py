@@ -103,12 +103,49 @@ PAPER_SPECS = sorted(p.relative_to(ROOT / "conf" / "paper") for p in (ROOT / "co
 
 
 @pytest.mark.parametrize("path", PAPER_SPECS, ids=str)
-def test_every_paper_spec_expands_and_validates_at_both_scales(path):
+def test_every_paper_spec_expands_and_validates_at_every_scale_it_has(path):
     spec = load_spec(ROOT / "conf" / "paper" / path)
-    for scale in ("mini", "paper"):
+    for scale in ("mini", "paper", *(["medium"] if "medium" in spec.get("scales", {}) else [])):
         cells = expand(spec, scale)
         assert cells
         run_cells(cells, dry_run=True)  # composes and validates every cell
+
+
+MEDIUM = SPEC.replace("""columns:
+  - {name: A,""", """columns:
+  - {name: B, dataset: synthetic, model: small_cnn, overrides: [partition=pathological]}
+  - {name: A,""") + """  medium:
+    columns: [A]
+    seeds: [0, 1]
+    base: [rounds=3]
+    datasets: {synthetic: digits}
+    model: small_cnn
+    rows: {FedAvg: [train.lr=0.01]}
+"""
+
+
+def test_medium_scale_runs_its_columns_with_its_block_and_writes_under_medium(tmp_path):
+    spec = load_spec(spec_file(tmp_path, MEDIUM))
+    cells = expand(spec, "medium", out_dir=str(tmp_path / "runs"))
+    assert {c.column for c in cells} == {"A"} and {c.seed for c in cells} == {0, 1}
+    fedavg = next(c for c in cells if c.row == "FedAvg")
+    assert "rounds=3" in fedavg.overrides and "dataset=digits" in fedavg.overrides
+    assert fedavg.overrides.index("train.lr=0.01") > fedavg.overrides.index("method=fedavg")
+    assert "exp=fedcac/table1/medium" in fedavg.overrides
+    assert {c.column for c in expand(spec, "paper")} == {"A", "B"}  # the paper scale keeps every column
+    dirs = run_cells(cells)
+    frame, problems = collect(spec, "medium", dirs)
+    path = write_table(spec, "medium", frame, problems, tmp_path / "results")
+    assert path.parent == tmp_path / "results" / "fedcac" / "medium"
+    md = path.read_text()
+    assert "Medium scale" in md and "synthetic → digits" in md and "| B" not in md
+
+
+def test_a_scale_naming_an_unknown_column_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"scales.medium.columns names no column \['C'\]"):
+        expand(load_spec(spec_file(tmp_path, MEDIUM.replace("columns: [A]", "columns: [A, C]"))), "medium")
+    with pytest.raises(ValueError, match="has no medium scale"):
+        expand(load_spec(spec_file(tmp_path)), "medium")
 
 
 def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_path):
