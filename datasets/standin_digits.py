@@ -25,9 +25,10 @@ on 2k..3k-1 (k = ``train_per_class``), and all three test on positions 3k..499 (
 three looks). No client thus trains on a digit that any client is tested on. UCI digits (1797 images) trains
 on the first k of each class and tests on the rest.
 
-Fonts: the .ttf/.otf files under /usr/share/fonts that draw ten distinct digits (at most ``MAX_FONTS``, in
-path order), else the DejaVu/STIX/Computer Modern fonts matplotlib ships. The synth domain is therefore
-deterministic for a given set of installed fonts (the font list is part of the cache key).
+Fonts: the DejaVu/STIX/Computer Modern fonts matplotlib ships that draw ten distinct digits (at most
+``MAX_FONTS``, in path order), never the system's, which change with unrelated installs. With the pinned matplotlib
+and Pillow of ``pyproject.toml`` the synth domain is the same on every machine (the font list and Pillow's version
+are part of the cache key).
 
 Generation is deterministic (numpy PCG64 generators seeded from ``STANDIN_SEED``, the domain and the split).
 Both splits of a domain are generated together, kept in memory for the process, and cached as
@@ -88,7 +89,6 @@ OPENCV_HOW = (
     "(dataset=digit5_standin4)."
 )
 
-SYSTEM_FONT_DIR = Path("/usr/share/fonts")
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")  # glyph names
 MAX_FONTS = 48  # at most this many fonts (in path order) are used
 SYNTH_SUPERSAMPLE = 2  # glyphs are drawn at 2x the image size, then downsampled (antialiased)
@@ -238,17 +238,18 @@ def _draws_digits(path: Path) -> bool:
 
 @lru_cache(maxsize=1)
 def find_fonts() -> tuple[Path, ...]:
-    """Fonts for the synth domain: system fonts that draw digits, else matplotlib's bundled fonts."""
+    """Fonts for the synth domain: the DejaVu/STIX/Computer Modern fonts matplotlib ships that draw digits.
+    Never the system's fonts: those change with what else is installed (Debian's chromium brings its own), and
+    the domain would change with them."""
     import matplotlib
 
     bundled = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
-    for folder in (SYSTEM_FONT_DIR, bundled):
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".ttf", ".otf")) if folder.is_dir() else []
-        usable = list(itertools.islice(filter(_draws_digits, files), MAX_FONTS))
-        if usable:
-            return tuple(usable)
-    raise DataSourceError(f"data source 'standin_synth': no font that draws digits in {SYSTEM_FONT_DIR} or {bundled}; "
-                          "install fonts (apt-get install fonts-dejavu-core) or reinstall matplotlib")
+    files = sorted(p for p in bundled.rglob("*") if p.suffix.lower() in (".ttf", ".otf")) if bundled.is_dir() else []
+    usable = tuple(itertools.islice(filter(_draws_digits, files), MAX_FONTS))
+    if not usable:
+        raise DataSourceError(f"data source 'standin_synth': no font that draws digits in {bundled}; reinstall "
+                              "matplotlib (pip install --force-reinstall matplotlib)")
+    return usable
 
 
 def _luminance(rgb: np.ndarray) -> float:

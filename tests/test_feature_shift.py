@@ -390,15 +390,16 @@ def test_standin_configs(standin_root: Path, tmp_path: Path, monkeypatch: pytest
     assert [len(c.train) for c in partition.clients] == [1000] * 4
 
 
-def test_standin_fonts_fall_back_to_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a machine without system fonts the synth domain uses the fonts matplotlib ships."""
-    monkeypatch.setattr(standin_digits, "SYSTEM_FONT_DIR", tmp_path)
+def test_standin_fonts_are_matplotlib_s_whatever_the_system_has(tmp_path: Path) -> None:
+    """The synth domain uses only the fonts matplotlib ships, so fonts installed with other packages (Debian's
+    chromium brings several) cannot change it: a font dropped into the system's font folder is never used."""
     standin_digits.find_fonts.cache_clear()
     try:
         fonts = standin_digits.find_fonts()
     finally:
         standin_digits.find_fonts.cache_clear()
     assert fonts and all("matplotlib" in str(p) for p in fonts)
+    assert not any(str(p).startswith("/usr/share/fonts") for p in fonts)
     assert not any(p.name.startswith(("cmex", "cmsy", "STIXSiz", "LastResort")) for p in fonts)  # no digits there
     images = standin_digits.render_digits(np.arange(10), SMALL, fonts, np.random.default_rng(0))
     assert images.shape == (10, 3, SMALL, SMALL) and images.std() > 10
