@@ -18,7 +18,8 @@ A table spec (YAML)::
          overrides: [partition=dirichlet, partition.alpha=0.1], paper: {dataset: cifar10, setting: dir-0.1}}
       - {name: "Digit-5 Avg", ..., per_client: [{name: MNIST, setting: mnist}, ...]}  # + a column per client
     rows:                                        # one per method (variant)
-      - {name: FedCAC, paper: FedCAC, overrides: [method=fedcac], by_dataset: {cifar100: [method.beta=170]}}
+      - {name: FedCAC, paper: FedCAC, overrides: [method=fedcac], by_dataset: {cifar100: [method.beta=170]},
+         by_column: {"CIFAR-10 a=0.1": [method.tau=0.4]}}  # after by_dataset: per column (e.g. per setting)
     scales:
       mini:                                      # stand-in on embedded data
         seeds: [0, 1]
@@ -53,6 +54,7 @@ from bench.launch import load_launcher
 from bench.render import write_table
 from bench.spec import SCALES, expand, load_spec
 from bench.tuning import tune
+from bench.wandb_tables import after_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     frame, problems = collect(spec, args.scale, dirs)
     print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)}")
+    # the table as a W&B run too, with the runs' logger.wandb settings; a W&B failure only warns
+    after_table(args.spec, spec, args.scale, cells[0].overrides if cells else overrides, args.results,
+                sorted({c.seed for c in cells}))
     unfinished = [p for p in problems if not p.startswith("not run: ")]
     if unfinished:
         print(f"{len(unfinished)} of {len(dirs)} cells did not finish (failed, diverged, partial or missing); the "
