@@ -172,7 +172,7 @@ def test_make_targets_exist_for_every_spec_and_pass_the_options():
     help_text = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for spec in specs:
         assert f"{spec.parent.name}-{spec.stem}" in help_text
-    missing = subprocess.run(["make", "pa3dfl-table1"], cwd=ROOT, capture_output=True, text=True)
+    missing = subprocess.run(["make", "pa3dfl-table7"], cwd=ROOT, capture_output=True, text=True)
     assert missing.returncode != 0 and "not built in this repository yet" in missing.stdout
 
 
