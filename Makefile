@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -30,6 +30,7 @@ help:
 	@echo "make tables  every table and figure above (finished cells are reused)"
 	@echo "make collect rewrite every table from the runs that exist (trains nothing)"
 	@echo "make plots   every figure from run records -> results/<paper>/figures/ (PNG + PDF)"
+	@echo "make pa3dfl-table9  Pa3dFL's hypernetwork cost per round (Table 9) -> results/pa3dfl/table9.md (about 35 min)"
 	@echo "make efficiency  FLOPs, peak memory, model size per capacity method and width -> results/pa3dfl/"
 	@echo "make report  one static page of every table, figure and provenance -> results/index.html"
 	@echo "             (make report-screenshot: also results/index.png, needs Debian's chromium)"
@@ -100,6 +101,7 @@ plots: setup
 	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
 	$(PY) scripts/fedc2i_figures.py all --scale $(strip $(SCALE))
 	$(PY) scripts/fedselect_figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/pa3dfl_figures.py all --scale $(strip $(SCALE))
 
 efficiency: setup
 	$(PY) -m bench.efficiency --out results/pa3dfl
@@ -112,6 +114,10 @@ report-screenshot: setup
 
 wandb-tables: setup
 	$(PY) -m bench.wandb_tables --results results --scale $(strip $(SCALE))
+
+# Pa3dFL Table 9: the hypernetwork's generation / update time per round and its memory (a measurement, no runs)
+pa3dfl-table9: setup
+	$(PY) scripts/pa3dfl_hn_cost.py --repeats 5 --repeats-for resnet18_gn=2
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

@@ -1,0 +1,139 @@
+"""Pa3dFL Figures 2 and 3 (scripts/pa3dfl_figures.py) from a fake run tree of Table 1 written with the project's own
+record writer: the capacity quintiles, the per-cluster means at the protocol's round (post, best_val, unweighted)
+checked by hand, the learning curves, and the files."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from bench.core.records import RunDir, atomic_write_json, atomic_write_text
+from bench.core.summary import eval_record, summarize
+from bench.run import run_dir_for
+from bench.spec import cell_config, expand, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "pa3dfl_figures.py"
+spec_ = importlib.util.spec_from_file_location("pa3dfl_figures", SCRIPT)
+figs = importlib.util.module_from_spec(spec_)
+sys.modules[spec_.name] = figs
+spec_.loader.exec_module(figs)
+
+COLUMN = "FashionMNIST Hetero"
+#: r_i of clients 0..9; sorted: 1 (0.05), 5, 7, 3, 9, 2, 8, 4, 0, 6 (0.95) -> quintiles {1,5} {7,3} {9,2} {8,4} {0,6}
+CAPS = [0.9, 0.05, 0.5, 0.3, 0.7, 0.1, 0.95, 0.2, 0.6, 0.4]
+#: post test accuracy of clients 0..9 at round 4, the round of the best mean validation accuracy
+ACC4 = [80.0, 10.0, 50.0, 30.0, 70.0, 20.0, 90.0, 40.0, 60.0, 50.0]
+#: by hand: Q1 (10 + 20) / 2, Q2 (40 + 30) / 2, Q3 (50 + 50) / 2, Q4 (60 + 70) / 2, Q5 (80 + 90) / 2
+CLUSTER_MEANS = [15.0, 35.0, 50.0, 65.0, 85.0]
+
+
+def write_run(path: Path, method: str, caps: Sequence[float], offset: float) -> None:
+    """A finished run: rounds 4 and 8 evaluated pre and post on test and val; round 4 has the best mean val accuracy
+    but round 8 the best (and final) test accuracy, and 'pre' other numbers, so a wrong round or stage shows."""
+    n = len(caps)
+    clients = list(range(n))
+    records = []
+    for round_, val, test in ((4, 80.0, ACC4), (8, 60.0, [90.0] * n)):
+        for stage, shift in (("pre", -7.0), ("post", offset)):
+            for split, accs in (("val", [val] * n), ("test", test)):
+                correct = [round(a + shift) for a in accs]  # n = 100 test images: correct = accuracy in %
+                records.append(eval_record(round_, stage, split, clients, correct, [1.0] * n, [100] * n))
+    run = RunDir(path)
+    run.append_records(records)
+    atomic_write_text(path / "partition" / "capacities.csv",
+                      "client,capacity,width\n" + "".join(f"{c},{r},1.0\n" for c, r in enumerate(caps)))
+    protocol = {"stage": "post", "selection": "best_val", "weighting": "unweighted"}
+    atomic_write_json(run.summary, {"complete": True, "method": method, "protocol": protocol,
+                                    "results": summarize(records)})
+
+
+def fake_table(tmp_path: Path) -> Path:
+    """FedAvg (offset 0, 2 for seeds 0, 1) and Pa3dFL (offset 5, 9) runs of Table 1's FashionMNIST Hetero column,
+    where the table's cells put them."""
+    out = tmp_path / "runs"
+    offsets = {("FedAvg", 0): 0.0, ("FedAvg", 1): 2.0, ("Pa3dFL", 0): 5.0, ("Pa3dFL", 1): 9.0}
+    for cell in expand(load_spec(figs.SPEC), "mini", out_dir=str(out)):
+        if cell.column == COLUMN and (cell.row, cell.seed) in offsets:
+            cfg = cell_config(cell)
+            write_run(run_dir_for(cfg), cfg["method"]["name"], CAPS, offsets[(cell.row, cell.seed)])
+    return out
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_capacity_clusters_are_the_quintiles_of_r():
+    assert figs.capacity_clusters(dict(enumerate(CAPS))) == {1: 0, 5: 0, 7: 1, 3: 1, 9: 2, 2: 2, 8: 3, 4: 3, 0: 4, 6: 4}
+    # 7 clients: ranks 0..6 -> floor(5 j / 7) = 0 0 1 2 2 3 4; equal r_i are ranked by client id
+    caps = {10: 0.5, 11: 0.2, 12: 0.5, 13: 0.9, 14: 0.1, 15: 0.5, 16: 0.3}
+    assert figs.capacity_clusters(caps) == {14: 0, 11: 0, 16: 1, 10: 2, 12: 2, 15: 3, 13: 4}
+    assert sorted(figs.capacity_clusters({c: 1.0 for c in range(20)}).values()) == [q for q in range(5) for _ in "abcd"]
+    with pytest.raises(ValueError, match="4 clients"):
+        figs.capacity_clusters({c: 0.5 for c in range(4)})
+
+
+def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
+    out = fake_table(tmp_path)
+    assert figs.hetero_columns(load_spec(figs.SPEC)) == ["CIFAR-10 Hetero", "CIFAR-100 Hetero", "FashionMNIST Hetero"]
+    runs = figs.table_runs(figs.SPEC, "mini", str(out), columns=[COLUMN])
+    assert list(runs) == [COLUMN] and list(runs[COLUMN]) == ["FedAvg", "Pa3dFL"]  # the spec's row order
+    assert [len(r) for r in runs[COLUMN].values()] == [2, 2]
+    paths = figs.fig2("mini", str(out), str(tmp_path / "results"), columns=[COLUMN])
+    base = tmp_path / "results" / "pa3dfl" / "figures" / "fig2_capacity_accuracy"
+    assert paths == [Path(f"{base}.png"), Path(f"{base}.pdf"), Path(f"{base}.csv")]
+    assert all(p.stat().st_size > 0 for p in paths)
+    rows = read_csv(paths[2])
+    expected = [(m, q) for m in ("FedAvg", "Pa3dFL") for q in range(1, 6)]
+    assert [(r["method"], int(r["cluster"])) for r in rows] == expected
+    for r in rows:
+        q = int(r["cluster"]) - 1
+        seeds = (0.0, 2.0) if r["method"] == "FedAvg" else (5.0, 9.0)
+        assert r["rounds"] == "4 4"  # best_val, not the best or final test round (8)
+        assert float(r["mean"]) == pytest.approx(CLUSTER_MEANS[q] + sum(seeds) / 2)
+        assert float(r["std"]) == pytest.approx(abs(seeds[1] - seeds[0]) / math.sqrt(2))
+        assert int(r["seeds"]) == 2
+        low, high = sorted(CAPS)[2 * q], sorted(CAPS)[2 * q + 1]
+        assert (float(r["r_min"]), float(r["r_max"])) == (low, high)
+
+
+def test_fig3_curves_are_the_mean_over_seeds_per_round(tmp_path):
+    out = fake_table(tmp_path)
+    paths = figs.fig3("mini", str(out), str(tmp_path / "results"), columns=[COLUMN], rows=["Pa3dFL"])
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".csv"] and all(p.stat().st_size > 0 for p in paths)
+    rows = read_csv(paths[2])
+    assert [(r["method"], int(r["round"])) for r in rows] == [("Pa3dFL", 4), ("Pa3dFL", 8)]
+    # round 4: mean over clients of ACC4 (50) + offsets 5 and 9 -> 55 and 59; round 8: 90 + 5, 90 + 9
+    assert [float(r["mean"]) for r in rows] == pytest.approx([57.0, 97.0])
+    assert [float(r["std"]) for r in rows] == pytest.approx([2 * math.sqrt(2)] * 2)
+
+
+def test_command_line_all_skips_missing_runs_and_draws_given_runs(tmp_path):
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "all", "--runs", str(tmp_path / "none")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped fig2" in proc.stdout and "skipped fig3" in proc.stdout
+    assert not (tmp_path / "results").exists()
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run, offset in zip(runs, (0.0, 4.0), strict=True):
+        write_run(run, "pa3dfl", CAPS, offset)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "all", "--run", *map(str, runs)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    written = proc.stdout.split()
+    assert written == [f"results/pa3dfl/figures/{name}_runs{ext}" for name in
+                       ("fig2_capacity_accuracy", "fig3_learning_curves") for ext in (".png", ".pdf", ".csv")]
+    assert all((tmp_path / p).stat().st_size > 0 for p in written)
+    rows = read_csv(tmp_path / written[2])
+    assert [float(r["mean"]) for r in rows] == pytest.approx([m + 2.0 for m in CLUSTER_MEANS])
+    assert {r["method"] for r in rows} == {"pa3dfl"}
