@@ -95,7 +95,9 @@ class Pa3dLayer(nn.Module):
         if self.dense is not None:
             return self.dense
         w = torch.einsum("akr,bsr->bask", self.general, self.personal)
-        return w.reshape(-1, self.personal.shape[1], *self.kernel)
+        # standard strides: torch 2.14.1's oneDNN backward of a strided 1x1 conv corrupts the heap when given the
+        # einsum's (S, 1, S, S) strides (a layer with T/R1 = 1, e.g. ResNet's downsample at width 1 or p_min)
+        return w.reshape(-1).view(-1, self.personal.shape[1], *self.kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.conv is None:

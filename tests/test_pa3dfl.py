@@ -341,3 +341,20 @@ def test_flanc_decomposition_variant_shares_the_basis_and_generates_the_coeffici
 def test_ablation_variants_run_end_to_end(tmp_path, variant):
     summary = execute(config(tmp_path, *FAST, *HETERO, variant, "rounds=2"))
     assert summary["complete"] and 0 <= summary["primary"]["acc"] <= 100
+
+
+def test_a_single_block_layer_recovers_a_weight_with_standard_strides():
+    """T/R1 = 1 (ResNet's 1x1 downsample at width 1 or at p_min): U V must come back with the standard strides of
+    a dense weight. The einsum's own strides (S, 1, S, S) made torch's oneDNN backward of the strided 1x1 conv
+    corrupt the heap and abort the process."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 1, stride=2, bias=False)
+    layer = Pa3dLayer(conv, rank1=8, rank2=8)
+    w = layer.weight()
+    assert w.shape == (8, 4, 1, 1) and w.stride() == (4, 1, 1, 1)
+    torch.testing.assert_close(w, conv.weight)
+    x = torch.randn(2, 4, 16, 16)
+    for _ in range(50):
+        layer.zero_grad()
+        layer(x).sum().backward()
+    assert layer.general.grad is not None and torch.isfinite(layer.personal.grad).all()
