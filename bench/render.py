@@ -71,7 +71,7 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
         lines += ["**Medium scale**: real data with the paper's data protocol and fewer rounds (the spec's "
                   "scales.medium); closer to the paper than the mini stand-in, but not the paper's budget."]
     block = scale_block(spec, scale)
-    used = {c["dataset"] for c in scale_columns(spec, scale)}
+    used = {c["dataset"] for c in scale_columns(spec, scale)} if "columns" in spec else set()
     swapped = {k: v for k, v in block.get("datasets", {}).items() if k in used and k != v}
     if swapped or block.get("model"):
         lines += ["Here: " + "; ".join([*(f"{k} → {v}" for k, v in sorted(swapped.items())),
