@@ -1,20 +1,69 @@
-"""Run the cells of a table: compose and validate every cell, check the data, launch the missing ones,
-and mark failed runs with ``error.txt`` (removed when the run later completes)."""
+"""Run the cells of a table: compose and validate every cell, check the data, launch the missing ones (showing
+progress), and mark failed runs with ``error.txt`` (removed when the run later completes)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from bench.core.records import RunDir, atomic_write_text
-from bench.launch import launch, load_launcher
+from bench.launch import Outcome, launch, load_launcher
 from bench.precheck import check_inputs
 from bench.provenance import is_stale, run_code
 from bench.run import run_dir_for, validate
 from bench.spec import Cell, cell_config
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m07s`` or ``42s``."""
+    seconds = max(0, round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class TableProgress:
+    """Runs done / total, failures so far and an ETA while a table's runs go on, as one line rewritten in place
+    on a terminal. Batch mode (``stream`` is not a TTY: a Slurm job, a pipe, a log file) and ``quiet`` show
+    nothing here: only :func:`run_cells`' start and final lines.
+
+    ETA = remaining runs x elapsed / finished runs: the finished runs' mean duration divided by the concurrency
+    they achieved, so it holds for one process, a pool of workers or a job array alike."""
+
+    def __init__(self, total: int, *, stream: TextIO | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.live = not quiet and self.stream.isatty()
+        self.total, self.done, self.failed = total, 0, 0
+        self.clock = clock
+        self.started = clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def line(self) -> str:
+        elapsed = self.elapsed()
+        left = self.total - self.done
+        eta = duration(elapsed / self.done * left) if self.done else "?"
+        return (f"[{self.done}/{self.total} runs] {self.failed} failed | elapsed {duration(elapsed)} | "
+                f"ETA {eta if left else 'done'}")
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.done += 1
+        self.failed += not outcome.ok
+        if self.live:
+            self.stream.write(f"\r{self.line()}\x1b[K")  # carriage return, then clear the rest of the line
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.live and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def set_aside_stale(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]], dirs: dict[Cell, Path]) -> None:
@@ -36,10 +85,11 @@ def set_aside_stale(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]], 
 
 def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[str, Any] | None = None,
               spec: dict[str, Any] | None = None, scale: str = "paper", precheck: bool = True,
-              rerun_stale: bool = False) -> dict[Cell, Path]:
+              rerun_stale: bool = False, quiet: bool = False) -> dict[Cell, Path]:
     """Compose and validate every cell first, check the data of the missing ones (``precheck``), then launch
-    them. ``rerun_stale``: finished runs computed by other code than this tree's are set aside (moved under
-    ``<out_dir>/.stale/``, never deleted) and run again."""
+    them, with a :class:`TableProgress` line on a terminal (``quiet``: none). ``rerun_stale``: finished runs
+    computed by other code than this tree's are set aside (moved under ``<out_dir>/.stale/``, never deleted) and
+    run again."""
     launcher = launcher or load_launcher("inline")
     configs = {}
     for cell in cells:
@@ -57,7 +107,11 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     if precheck:
         check_inputs(missing, configs)
     log_dir = Path(configs[missing[0]]["out_dir"]) / ".launch" / str(configs[missing[0]].get("exp", "default"))
-    outcomes = launch([configs[c] for c in missing], launcher, log_dir)
+    progress = TableProgress(len(missing), quiet=quiet)
+    try:
+        outcomes = launch([configs[c] for c in missing], launcher, log_dir, on_outcome=progress)
+    finally:
+        progress.close()
     failed = 0
     for outcome in outcomes:
         cell = missing[outcome.index]
@@ -68,5 +122,5 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
         atomic_write_text(dirs[cell] / "error.txt", f"{outcome.error}\nlog: {outcome.log}\n")
         print(f"FAILED {cell.row} | {cell.column} | seed {cell.seed} (run dir {dirs[cell]}; log {outcome.log}):\n"
               f"{outcome.error.strip().splitlines()[-1] if outcome.error.strip() else ''}", flush=True)
-    print(f"{len(missing) - failed} runs finished, {failed} failed", flush=True)
+    print(f"{len(missing) - failed} runs finished, {failed} failed in {duration(progress.elapsed())}", flush=True)
     return dirs

@@ -1,7 +1,8 @@
 """Paper tables: expand a table spec into runs, run the missing ones, write ours beside the paper's.
 
 Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
-[--seeds 0 1] [--dry-run] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
+[--seeds 0 1] [--dry-run] [--quiet] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
+On a terminal a progress line shows runs done / total, failures and an ETA (``--quiet``: none).
 
 A table spec (YAML)::
 
@@ -70,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rerun-stale", action="store_true",
                         help="rerun finished cells computed by other code than this tree's (they are reused and "
                              "marked by default; the old runs are moved under <out-dir>/.stale/)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress line (runs done, failures, ETA); batch mode (output not a terminal) "
+                             "shows only the start and final lines anyway")
     parser.add_argument("--no-precheck", dest="precheck", action="store_false",
                         help="skip loading each data set and partition here before launching")
     parser.add_argument("overrides", nargs="*",
@@ -86,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
     cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
     dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
-                     precheck=args.precheck, rerun_stale=args.rerun_stale)
+                     precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet)
     if args.dry_run:
         return 0
     frame, problems = collect(spec, args.scale, dirs)

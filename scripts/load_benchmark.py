@@ -25,6 +25,7 @@ import os
 import platform
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -153,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("overrides", nargs="*", help="extra overrides of the run, e.g. rounds=5")
     args = parser.parse_args(argv)
+    # stopped with SIGTERM: leave through the `finally` blocks, so that no busy loop outlives this script
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import torch
 
     meta: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Launchers (inline, capped local processes), failure reporting, the collector CLI, plots and make targets."""
+"""Launchers (inline, the local worker pool), failure reporting, the collector CLI, plots and make targets."""
 
 from __future__ import annotations
 
@@ -83,9 +83,11 @@ def test_a_failing_run_is_reported_with_its_log_and_the_table_still_completes(tm
     cells = expand(spec, "paper", out_dir=str(tmp_path / "runs"))
     dirs = run_cells(cells, launcher=load_launcher("local", ["launcher.runs_per_job=2"]), spec=spec)
     out = capsys.readouterr().out
-    assert "4 runs finished, 2 failed" in out and "FAILED Broken | A | seed 0" in out and ".out" in out
+    assert "4 runs finished, 2 failed" in out and "FAILED Broken | A | seed 0" in out and ".log):" in out
     broken = [d for c, d in dirs.items() if c.row == "Broken"]
     assert all("deliberate failure in round 2" in (d / "error.txt").read_text() for d in broken)
+    logs = [(d / "error.txt").read_text().rsplit("log: ", 1)[1].strip() for d in broken]
+    assert all("deliberate failure in round 2" in Path(log).read_text() for log in logs)  # the run's own log
     assert all((d / "rounds.jsonl").exists() for d in broken)  # it did start: round 1 is recorded
     frame, problems = collect_table(spec, "paper", dirs)
     assert sum(p.startswith("failed: Broken | A") for p in problems) == 2
