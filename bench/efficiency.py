@@ -12,7 +12,8 @@ pFedHN) run the widest model the weakest client can run (``weakest_width``). One
 a random batch: ``zero_grad``, forward, cross-entropy, backward, (gradient clipping if ``train.grad_clip``),
 optimizer step with the config's ``train`` optimizer. Method-specific loss terms (FLANC's orthogonality regulariser,
 TailorFL's L1 on the scores, FjORD's extra pass through a sampled narrower submodel with distillation, HeteroFL's
-label mask) are not part of the step: the step is "training the model", as the paper's numbers are.
+label mask, Pa3dFL's cross-entropy through its fixed global head and its orthogonality regulariser) are not part of
+the step: the step is "training the model", as the paper's numbers are.
 
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` around the training step (forward + backward; the optimizer
   update is elementwise and, like every elementwise, normalisation and pooling op, not counted by torch's counter,
@@ -32,8 +33,10 @@ Variants beside the methods themselves: ``flanc (factored)`` runs the same FLANC
 the weight first (our implementation; the same function); ``pfedgate (D.4)`` is the paper's App. D.4 accounting
 (cost of the width-sqrt(r) plain model + the gating overhead = cost of pFedGate's model at sparsity 1 minus the
 plain full model), while ``pfedgate`` is the model as implemented (zero-masked dense full model plus the gate).
-Pa3dFL is not built in this repository: its rows say so. pFedHN has no row in the paper; its client trains the
-target network, and the server's hypernetwork size is reported separately.
+Pa3dFL's client trains its decomposed model (every body layer's weight composed from the general U and the personal
+V, then one convolution; the local head in the forward pass, the fixed global head counted in the model size); its
+server hypernetwork, which generates V, is reported separately (``server_mb``), as pFedHN's is. pFedHN has no row
+in the paper; its client trains the target network.
 
 CLI: ``python -m bench.efficiency --out results/pa3dfl [--batch-sizes ...] [--methods ...]`` writes
 ``efficiency.md``, ``efficiency.csv`` and ``efficiency.json`` (atomic writes).
@@ -44,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import functools
 import io
 import platform
@@ -88,8 +92,8 @@ PAPER_ROW: dict[str, str | None] = {
 METHODS = tuple(PAPER_ROW)
 #: methods the paper reports at full width only
 FULL_WIDTH_ONLY = frozenset({"fedavg"})
-#: methods of the paper's comparison that this repository does not implement yet
-NOT_BUILT = frozenset({"pa3dfl"})
+#: methods of the paper's comparison that are not measured (their rows carry the paper's numbers only); none now
+NOT_BUILT: frozenset[str] = frozenset()
 #: measured variants of a method besides the method as implemented ("" = as implemented)
 VARIANTS: dict[str, tuple[str, ...]] = {"flanc": ("", "factored"), "pfedgate": ("", "D.4")}
 METRICS = ("flops", "peak_memory_mb", "model_size_mb")
@@ -373,6 +377,7 @@ class ClientModel:
     module: nn.Module
     prepare: Callable[[], None]  # makes ``module`` serve this client (pFedGate's sparsity budget)
     sparsity: float | None = None
+    server_mb: float | None = None  # server-side state the method keeps for the clients (Pa3dFL's hypernetwork)
 
 
 @dataclass(frozen=True)
@@ -385,8 +390,9 @@ class Shape:
 
 
 def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction], shape: Shape,
-                  device: torch.device) -> list[ClientModel]:
-    """For each size ratio, the client model method ``name`` trains, built through the project's builder."""
+                  device: torch.device, num_clients: int = 100) -> list[ClientModel]:
+    """For each size ratio, the client model method ``name`` trains, built through the project's builder
+    (``num_clients``: the federation the server-side state is sized for)."""
     cls, hp = method_class(cfg)
     dims = (shape.num_classes, shape.in_channels, shape.image_size)
     caps = torch.tensor([float(r) for r in ratios], dtype=torch.float64)
@@ -402,14 +408,22 @@ def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction],
     factory = WorkerFactory(model_builder(scaled, *dims, cls, hp), worker)
     fed = Federation(len(ratios), torch.ones(len(ratios), dtype=torch.float64), worker, scaled["train"], device,
                      int(scaled["seed"]), None, factory, caps)
-    method = cls(fed, hp)
+    server_mb = None
+    if cfg["method"]["name"] == "pa3dfl":
+        # the server's hypernetwork does not shape the client models: a 1-wide one stands in here (the real one holds
+        # (hidden + 1) x the model's parameters, 2.9 GB for ResNet-18), and the real one's size is computed on meta
+        method = cls(fed, dataclasses.replace(hp, embed_dim=1, hidden_dim=1, encoder_depth=1))
+        sizes = [dec[-1].out_features for dec in method.state["hn"]["net"].decoders]
+        server_mb = pa3dfl_hypernetwork_mb(hp, sizes, num_clients)
+    else:
+        method = cls(fed, hp)
     for cid, r in enumerate(ratios):
         client = method.client_worker(cid, "train")
         serve = getattr(method, "serve", None)
         prepare = functools.partial(serve, cid, client) if serve is not None else (lambda: None)
         sparsity = float(method.budgets[cid]) if hasattr(method, "budgets") else None
         out.append(ClientModel(r, float(method.client_width(cid)) * float(scaled["model"].get("width", 1.0)),
-                               client.module, prepare, sparsity))
+                               client.module, prepare, sparsity, server_mb))
     return out
 
 
@@ -419,6 +433,16 @@ def plain_model(cfg: Mapping[str, Any], width: float, shape: Shape, device: torc
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg["seed"], "init"))
         return build(width).to(device)
+
+
+def pa3dfl_hypernetwork_mb(hp: Any, sizes: Sequence[int], num_clients: int) -> float:
+    """Parameter MB of Pa3dFL's server hypernetwork (``hp``'s embedding, hidden width and encoder depth) generating
+    tensors of ``sizes`` for ``num_clients`` clients (built on the meta device)."""
+    from methods.pa3dfl import HyperNet
+
+    with torch.device("meta"):
+        net = HyperNet(num_clients, list(sizes), hp)
+    return model_bytes(net) / MB
 
 
 def hypernetwork_mb(cfg: Mapping[str, Any], module: nn.Module, num_clients: int) -> float:
@@ -473,7 +497,7 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
     ratios = [r for r in opts.size_ratios if name not in FULL_WIDTH_ONLY or r == 1]
     if name in NOT_BUILT:
         return [{**base_row(name, "", b, r), "status": "not built",
-                 "note": f"{PAPER_ROW[name]} is not implemented in this repository yet"}
+                 "note": f"{PAPER_ROW[name]} is not measured yet (see bench.efficiency.NOT_BUILT)"}
                 for b in opts.batch_sizes for r in ratios]
     device = torch.device(opts.device)
     cfg = method_config(name, opts.config, opts.seed)
@@ -481,7 +505,7 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
     kw = {"train": train, "in_channels": opts.shape.in_channels, "image_size": opts.shape.image_size,
           "num_classes": opts.shape.num_classes, "device": device, "seed": opts.seed}
     rows = []
-    clients = client_models(name, cfg, ratios, opts.shape, device)
+    clients = client_models(name, cfg, ratios, opts.shape, device, opts.num_clients)
     for variant in VARIANTS.get(name, ("",)):
         if variant == "D.4":
             rows += pfedgate_d4(cfg, clients, opts, kw, log)
@@ -497,6 +521,10 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
                     row["server_mb"] = hypernetwork_mb(cfg, client.module, opts.num_clients)
                     row["note"] = (f"client trains the target network; server hypernetwork ({opts.num_clients} "
                                    "client embeddings) in server_mb")
+                if name == "pa3dfl":
+                    row["server_mb"] = client.server_mb
+                    row["note"] = (f"decomposed model (W = U V per layer) + local head; server hypernetwork "
+                                   f"({opts.num_clients} client embeddings) in server_mb")
                 if name == "pfedgate":
                     row["note"] = "as implemented: zero-masked dense full model + gating layer (sparsity = r)"
                 if variant == "factored":
@@ -762,7 +790,15 @@ NOTES = (
     "paper's formula applied to our measurements, not a measured peak.",
     "pfedhn has no row in the paper; its client trains the target network (the zoo model at the weakest client's "
     "width, as every capacity-unaware method); the hypernetwork stays on the server (its size is listed separately).",
-    "Pa3dFL is not built in this repository yet: its rows carry the paper's numbers only.",
+    "Pa3dFL is not measured yet (bench.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
+    if "pa3dfl" in NOT_BUILT else
+    "pa3dfl = Pa3dFL's client model: every body layer decomposed into U [R1, k^2, R2] (general) and V [T/R1, S, R2] "
+    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2, at width sqrt(r); U "
+    "is never pruned (Eq. 10), so every client holds each layer's full U; "
+    "each weight is composed from U V (an einsum, counted) and then applied as one convolution; the step trains the "
+    "local head (the global head is fixed, so only its size counts). Its server hypernetwork (conf/method/pa3dfl.yaml: "
+    "embedding 64, hidden 64, 3 encoder layers; one decoder Linear(hidden, |V_l|) per layer) is in server_mb; its "
+    "cost per round is Table 9 (scripts/pa3dfl_hn_cost.py).",
     "The paper's FLOPs unit did not survive the text extraction (the column header reads 'FLOPs ()'); its full-width "
     "value (188.0 at batch 128, linear in the batch size) is neither our training step nor our forward pass in "
     "GFLOPs, so compare the relative table (FLOPs / FedAvg's). The paper's FedAvg model size (30.4 MB) is also "
