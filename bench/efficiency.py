@@ -73,6 +73,7 @@ from bench.core.capacity import PREFERRED_WIDTHS, weakest_width
 from bench.core.engine import Federation, WorkerFactory, make_optimizer
 from bench.core.records import atomic_write_json, atomic_write_text
 from bench.core.seeding import derive_seed
+from bench.provenance import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_efficiency.csv"
@@ -377,7 +378,7 @@ class ClientModel:
     module: nn.Module
     prepare: Callable[[], None]  # makes ``module`` serve this client (pFedGate's sparsity budget)
     sparsity: float | None = None
-    server_mb: float | None = None  # server-side state the method keeps for the clients (Pa3dFL's hypernetwork)
+    server_mb: float | None = None  # server-side state kept for the clients (pFedHN's and Pa3dFL's hypernetworks)
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,9 @@ def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction],
         for r, cap in zip(ratios, caps, strict=True):
             width = base_width(cls, cap[None])
             worker = build_worker(model_scaled(cfg, width), *dims, device, cls, hp)
-            out.append(ClientModel(r, width * float(cfg["model"].get("width", 1.0)), worker.module, lambda: None))
+            server_mb = hypernetwork_mb(cfg, worker.module, num_clients) if name == "pfedhn" else None
+            out.append(ClientModel(r, width * float(cfg["model"].get("width", 1.0)), worker.module, lambda: None,
+                                   server_mb=server_mb))
         return out
     scaled = model_scaled(cfg, base_width(cls, caps))
     worker = build_worker(scaled, *dims, device, cls, hp)
@@ -440,9 +443,7 @@ def pa3dfl_hypernetwork_mb(hp: Any, sizes: Sequence[int], num_clients: int) -> f
     tensors of ``sizes`` for ``num_clients`` clients (built on the meta device)."""
     from methods.pa3dfl import HyperNet
 
-    with torch.device("meta"):
-        net = HyperNet(num_clients, list(sizes), hp)
-    return model_bytes(net) / MB
+    return meta_mb(lambda: HyperNet(num_clients, list(sizes), hp))
 
 
 def hypernetwork_mb(cfg: Mapping[str, Any], module: nn.Module, num_clients: int) -> float:
@@ -452,9 +453,13 @@ def hypernetwork_mb(cfg: Mapping[str, Any], module: nn.Module, num_clients: int)
     _, hp = method_class(cfg)
     sizes = [p.numel() for n, p in module.named_parameters()
              if not (hp.personal_classifier and n.startswith("head."))]
+    return meta_mb(lambda: HyperNet(num_clients, sizes, hp))
+
+
+def meta_mb(build: Callable[[], nn.Module]) -> float:
+    """Parameter MB of the module ``build`` makes, built on the meta device (no memory is allocated)."""
     with torch.device("meta"):
-        net = HyperNet(num_clients, sizes, hp)
-    return model_bytes(net) / MB
+        return model_bytes(build()) / MB
 
 
 # ------------------------------------------------------------------------------------------------- rows
@@ -517,12 +522,11 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
                     m = measure(client.module, b, **kw)
                 row = {**base_row(name, variant, b, client.ratio), "width": client.width, "sparsity": client.sparsity}
                 row = with_measurement(row, m)
+                row["server_mb"] = client.server_mb
                 if name == "pfedhn":
-                    row["server_mb"] = hypernetwork_mb(cfg, client.module, opts.num_clients)
                     row["note"] = (f"client trains the target network; server hypernetwork ({opts.num_clients} "
                                    "client embeddings) in server_mb")
                 if name == "pa3dfl":
-                    row["server_mb"] = client.server_mb
                     row["note"] = (f"decomposed model (W = U V per layer) + local head; server hypernetwork "
                                    f"({opts.num_clients} client embeddings) in server_mb")
                 if name == "pfedgate":
@@ -620,15 +624,6 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in COLUMNS})
     return buf.getvalue()
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what ``platform`` knows."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
 
 
 def header_info(opts: Options, cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -111,6 +111,17 @@ def run_config(index: int, cfg: Mapping[str, Any], reraise: Callable[[], bool] =
                        worker=os.getpid())
 
 
+def run_in_turn(configs: Sequence[Mapping[str, Any]], indices: Sequence[int], on_outcome: OnOutcome | None = None,
+                reraise: Callable[[], bool] = lambda: False) -> list[Outcome]:
+    """Execute the configs one after another in this process (see :func:`run_config` for ``reraise``)."""
+    outcomes = []
+    for index, cfg in zip(indices, configs, strict=True):
+        outcomes.append(run_config(index, cfg, reraise))
+        if on_outcome is not None:
+            on_outcome(outcomes[-1])
+    return outcomes
+
+
 class RunBatch:
     """The callable a job runs: execute each config (finished ones are reused by ``execute``), one after another,
     or ``runs_at_once`` at a time in worker processes of this job (:func:`run_pool`, several runs per GPU)."""
@@ -129,13 +140,8 @@ class RunBatch:
         self._interrupted = False
         if self.runs_at_once > 1 and len(self.configs) > 1:  # workers print into this job's log
             outcomes = run_pool(self.configs, self.indices, self.runs_at_once, on_outcome=on_outcome)
-        else:
-            outcomes = []
-            for index, cfg in zip(self.indices, self.configs, strict=True):
-                # raised by submitit's signal handler (requeue failed, no time-outs left): the job ends
-                outcomes.append(run_config(index, cfg, reraise=lambda: self._interrupted))
-                if on_outcome is not None:
-                    on_outcome(outcomes[-1])
+        else:  # an exception raised by submitit's signal handler (requeue failed, no time-outs left) ends the job
+            outcomes = run_in_turn(self.configs, self.indices, on_outcome, reraise=lambda: self._interrupted)
         return [(o.index, o.ok, o.error) for o in sorted(outcomes, key=lambda o: o.index)]
 
     def checkpoint(self) -> Any:
@@ -386,13 +392,12 @@ def launch(configs: Sequence[Mapping[str, Any]], launcher: Mapping[str, Any], lo
 @LAUNCHERS.register("inline")
 def _inline(configs: list[dict[str, Any]], launcher: Mapping[str, Any], log_dir: Path,
             on_outcome: OnOutcome | None) -> list[Outcome]:
-    outcomes = []
-    for index, cfg in enumerate(configs):
-        outcomes.append(run_config(index, cfg))
-        outcomes[-1].log = "(this process)"
+    def logged_here(outcome: Outcome) -> None:
+        outcome.log = "(this process)"
         if on_outcome is not None:
-            on_outcome(outcomes[-1])
-    return outcomes
+            on_outcome(outcome)
+
+    return run_in_turn(configs, range(len(configs)), logged_here)
 
 
 @LAUNCHERS.register("local")

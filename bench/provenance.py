@@ -18,6 +18,7 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import platform
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -105,3 +106,15 @@ def run_code(summary: Mapping[str, Any]) -> str | None:
 def is_stale(summary: Mapping[str, Any], imports: Sequence[str] = ()) -> bool:
     """Whether a finished run was computed by other code than this tree's (its method's code identity)."""
     return run_code(summary) != code_identity(tuple(imports), summary.get("method"))["hash"]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux: ``/proc/cpuinfo``), else what ``platform`` knows: the hardware a result was
+    measured on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -43,6 +43,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from bench.core.records import atomic_write_text
+from bench.provenance import cpu_name
 from bench.spec import SCALE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,18 +198,8 @@ def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
     return versions
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def environment(results: Path) -> Environment:
-    model = cpu_model()
+    model = cpu_name()
     hardware = f"{platform.platform()}, {os.cpu_count()} CPUs" + (f" ({model})" if model else "")
     return Environment(git_commit(results), package_versions(), hardware,
                        datetime.now(UTC).isoformat(timespec="seconds"))

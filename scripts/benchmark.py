@@ -48,6 +48,7 @@ from bench.compose import compose_config, to_container
 from bench.core.builder import build_experiment, build_worker
 from bench.core.data import build_federated_data
 from bench.core.records import atomic_write_json, atomic_write_text
+from bench.provenance import cpu_name
 
 WORKLOADS = {
     "fedcac": ["model=resnet8", "dataset.options.num_channels=3", "dataset.options.size=32",
@@ -227,10 +228,8 @@ def verdict(row: dict[str, Any]) -> str:
 
 def machine() -> dict[str, Any]:
     """Machine, torch version, threads and load average, for the result files."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "processor": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "processor": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
             "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.records import atomic_write_json, atomic_write_text
+from bench.provenance import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,8 +163,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(["python", "scripts/load_benchmark.py", *(sys.argv[1:] if argv is None else argv)]),
         "run": [*RUN, *args.overrides], "busy": args.busy, "repeats": args.repeats, "torch": torch.__version__,
         "machine": platform.machine(), "python": platform.python_version(), "cores": os.cpu_count(),
-        "processor": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                           if line.startswith("model name")), platform.processor()),
+        "processor": cpu_name(),
         "uptime_at_start": uptime(), "cases": []}
     with tempfile.TemporaryDirectory(prefix="load-bench-") as tmp:
         for i, (condition, threads) in enumerate(schedule(args.repeats, args.threads)):

@@ -318,20 +318,11 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run_table(settings: Sequence[Setting], threads: int, out: Path, command: str,
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every setting (one subprocess each, one after another) and write table9.{md,csv,json} to ``out``."""
     from bench.core.records import atomic_write_json, atomic_write_text
+    from bench.provenance import cpu_name
 
     load = os.getloadavg()
     started = time.perf_counter()
