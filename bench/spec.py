@@ -54,8 +54,14 @@ class Cell:
 
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     raw = OmegaConf.load(path)
-    if "include" in raw:  # shared setup of a paper (base overrides, scales, rows), overridden by the spec
-        raw = OmegaConf.merge(OmegaConf.load(Path(path).parent / raw.pop("include")), raw)
+    if "include" in raw:  # shared files of a paper's folder (base overrides, scales, rows), merged in order
+        included = raw.pop("include")  # one file or a list; later files and the spec itself override earlier
+        names = [included] if isinstance(included, str) else list(included)
+        for name in names:
+            if not (Path(path).parent / name).is_file():
+                raise ValueError(f"table spec {path}: include names {name!r}, which is not a file in "
+                                 f"{Path(path).parent}; list files of the spec's own folder")
+        raw = OmegaConf.merge(*(OmegaConf.load(Path(path).parent / name) for name in names), raw)
     spec = OmegaConf.to_container(raw, resolve=True)
     for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
         if key not in spec:

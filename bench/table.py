@@ -6,7 +6,7 @@ On a terminal a progress line shows runs done / total, failures and an ETA (``--
 
 A table spec (YAML)::
 
-    include: _setup.yaml     # optional: a shared file of the paper's folder merged underneath
+    include: _setup.yaml     # optional: shared files of the paper's folder merged underneath (or a list, in order)
     paper: fedcac            # key into conf/paper/paper_tables.csv
     table: "2"
     title: ...

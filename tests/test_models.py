@@ -346,3 +346,20 @@ def test_cnn_fedavg_batchnorm_option_and_bad_norm():
     assert not any(isinstance(m, nn.BatchNorm2d) for m in make("cnn_fedavg").modules())
     with pytest.raises(ValueError, match="model.options.norm='gn' is invalid for cnn_fedavg"):
         make("cnn_fedavg", norm="gn")
+
+
+def test_small_cnn_bn_all_normalises_every_body_layer():
+    """norm=bn_all: BatchNorm after each conv and after the hidden FC (what FedBN keeps local); norm=bn: convs only."""
+    kinds = {norm: [type(m).__name__ for m in make("small_cnn", norm=norm).body]
+             for norm in ("none", "bn", "bn_all")}
+    assert kinds["none"].count("BatchNorm2d") == 0 and "BatchNorm1d" not in kinds["none"]
+    assert kinds["bn"].count("BatchNorm2d") == 2 and "BatchNorm1d" not in kinds["bn"]
+    assert kinds["bn_all"].count("BatchNorm2d") == 2
+    assert kinds["bn_all"][kinds["bn_all"].index("Linear") + 1] == "BatchNorm1d"
+    model = make("small_cnn", norm="bn_all")
+    norm_layers = {k.rsplit(".", 1)[0] for k in param_groups(model)["norm"]}
+    assert len(norm_layers) == 3  # one per conv and one on the hidden FC
+    out = model(torch.randn(5, 1, 8, 8))
+    assert out.shape == (5, 10)
+    with pytest.raises(ValueError, match="model.options.norm='gn'.*bn_all"):
+        make("small_cnn", norm="gn")

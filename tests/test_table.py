@@ -172,3 +172,20 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
     with pytest.raises(ValueError, match="tuning.grid names rows \\['Nope'\\]"):
         tune(load_spec(spec_file(tmp_path, text.replace("    Separate:", "    Nope:"))), "paper",
              load_launcher("inline"))
+
+
+def test_spec_include_list_merges_in_order_and_names_a_missing_file(tmp_path):
+    (tmp_path / "_setup.yaml").write_text("seeds: [0, 1, 2]\nscales: {mini: {seeds: [0], base: [rounds=1]}}\n")
+    (tmp_path / "_standin.yaml").write_text("scales: {mini: {seeds: [5, 6], base: [rounds=3]}}\n")
+    body = SPEC.replace("seeds: [0, 1]\n", "", 1).split("scales:")[0]
+    spec_path = tmp_path / "toy.yaml"
+    spec_path.write_text("include: [_setup.yaml, _standin.yaml]\n" + body)
+    spec = load_spec(spec_path)
+    assert spec["seeds"] == [0, 1, 2]  # from the first file
+    assert spec["scales"]["mini"] == {"seeds": [5, 6], "base": ["rounds=3"]}  # the later file wins
+    assert [c.seed for c in expand(spec, "mini", out_dir=str(tmp_path / "runs"))][:2] == [5, 6]
+    spec_path.write_text("include: _setup.yaml\nseeds: [4]\n" + body)  # one file; the spec itself wins
+    assert load_spec(spec_path)["seeds"] == [4]
+    spec_path.write_text("include: [_setup.yaml, _nowhere.yaml]\n" + body)
+    with pytest.raises(ValueError, match="include names '_nowhere.yaml'"):
+        load_spec(spec_path)

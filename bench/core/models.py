@@ -272,15 +272,16 @@ def load_pretrained(model: SplitModel, path: str | os.PathLike, *, strict_body: 
 
 # -------------------------------------------------------------------------------------------- CNNs
 def _conv_mlp(convs: Sequence[nn.Module], hidden: Sequence[int], num_classes: int, in_channels: int,
-              image_size: int) -> SplitModel:
-    """Body = conv stack, flatten (channel-major), hidden FC + ReLU layers; head = Linear."""
+              image_size: int, fc_norm: bool = False) -> SplitModel:
+    """Body = conv stack, flatten (channel-major), hidden FC (+ BatchNorm1d if ``fc_norm``) + ReLU layers;
+    head = Linear."""
     layers: list[nn.Module] = [*convs, nn.Flatten()]
     features = _flat_size(nn.Sequential(*layers), in_channels, image_size)
     channels = [m.out_channels for m in convs if isinstance(m, nn.Conv2d)][-1]
     block = features // channels  # channel-major flatten: C blocks of H*W inputs
     first_linear = f"body.{len(layers)}.weight" if hidden else "head.weight"
     for h in hidden:
-        layers += [nn.Linear(features, h), nn.ReLU(inplace=True)]
+        layers += [nn.Linear(features, h), *([nn.BatchNorm1d(h)] if fc_norm else []), nn.ReLU(inplace=True)]
         features = h
     model = SplitModel(nn.Sequential(*layers), features, num_classes)
     model.flatten_blocks = {first_linear: block}
@@ -337,11 +338,13 @@ def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64,
 @MODELS.register("small_cnn")
 def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, width: float = 1.0,
               channels: Sequence[int] = (32, 64), hidden: int = 128, norm: str = "none") -> SplitModel:
-    """Small CNN for the embedded data: conv3x3 pad 1 (+ BatchNorm if ``norm="bn"``) + ReLU per entry of
-    ``channels``; maxpool2 after the last conv, and after the first too when ``image_size >= 16``;
-    flatten, FC ``hidden`` + ReLU, head."""
-    if norm not in ("none", "bn"):
-        raise ValueError(f"model.options.norm={norm!r} is invalid for small_cnn: use 'none' or 'bn'")
+    """Small CNN for the embedded data: conv3x3 pad 1 (+ BatchNorm if ``norm`` is ``"bn"`` or ``"bn_all"``) +
+    ReLU per entry of ``channels``; maxpool2 after the last conv, and after the first too when
+    ``image_size >= 16``; flatten, FC ``hidden`` (+ BatchNorm1d if ``norm="bn_all"``: every body layer
+    normalised, as in the papers' ResNets, which FedBN needs) + ReLU, head."""
+    if norm not in ("none", "bn", "bn_all"):
+        raise ValueError(f"model.options.norm={norm!r} is invalid for small_cnn: use 'none', 'bn' (after each "
+                         "conv) or 'bn_all' (after each conv and the hidden FC)")
     if not channels:
         raise ValueError("model.options.channels must list at least one conv width")
     layers: list[nn.Module] = []
@@ -350,10 +353,11 @@ def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, wi
     for i, c in enumerate(channels):
         cout = scaled(int(c), width)
         layers.append(nn.Conv2d(cin, cout, 3, padding=1))
-        if norm == "bn":
+        if norm != "none":
             layers.append(nn.BatchNorm2d(cout))
         layers.append(nn.ReLU(inplace=True))
         if i == last or (i == 0 and image_size >= 16):
             layers.append(nn.MaxPool2d(2))
         cin = cout
-    return _conv_mlp(layers, [scaled(int(hidden), width)], num_classes, in_channels, image_size)
+    return _conv_mlp(layers, [scaled(int(hidden), width)], num_classes, in_channels, image_size,
+                     fc_norm=norm == "bn_all")
