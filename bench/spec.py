@@ -83,6 +83,14 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
             if unknown:
                 raise ValueError(f"table spec {path}: scales.{scale}.{key} names no column {sorted(unknown)}; "
                                  f"columns: {sorted(names)}")
+        for row_name, per_column in scale_block(spec, scale).get("rows_by_column", {}).items():
+            if row_name not in rows:
+                raise ValueError(f"table spec {path}: scales.{scale}.rows_by_column names no row {row_name!r}; "
+                                 f"rows: {rows}")
+            unknown = set(per_column) - names
+            if unknown:
+                raise ValueError(f"table spec {path}: scales.{scale}.rows_by_column.{row_name} names no column "
+                                 f"{sorted(unknown)}; columns: {sorted(names)}")
     return spec  # type: ignore[return-value]
 
 
@@ -119,6 +127,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
             row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
                          *row.get("by_column", {}).get(column["name"], []),
                          *mini.get("rows", {}).get(row["name"], []),
+                         *mini.get("rows_by_column", {}).get(row["name"], {}).get(column["name"], []),
                          *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
             for seed in seeds:
                 overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),

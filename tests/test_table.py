@@ -189,3 +189,20 @@ def test_spec_include_list_merges_in_order_and_names_a_missing_file(tmp_path):
     spec_path.write_text("include: [_setup.yaml, _nowhere.yaml]\n" + body)
     with pytest.raises(ValueError, match="include names '_nowhere.yaml'"):
         load_spec(spec_path)
+
+
+def test_scale_rows_by_column_reach_only_that_row_and_column(tmp_path):
+    extra_column = ("  - {name: B, dataset: synthetic, model: small_cnn, overrides: [partition=iid],\n"
+                    "     paper: {dataset: cifar10, setting: pathological-2}}\n")
+    two_columns = SPEC.replace("rows:\n", extra_column + "rows:\n", 1)
+    text = two_columns + "    rows_by_column: {Separate: {B: [train.epochs=3]}}\n"
+    spec = load_spec(spec_file(tmp_path, text))
+    cells = expand(spec, "mini", out_dir=str(tmp_path / "runs"))
+    with_epochs = {(c.row, c.column) for c in cells if "train.epochs=3" in c.overrides}
+    assert with_epochs == {("Separate", "B")}
+    assert expand(spec, "paper", out_dir=str(tmp_path / "runs"))[0].overrides.count("train.epochs=3") == 0
+    for bad, message in (("Nobody: {B: [train.epochs=3]}", "rows_by_column names no row 'Nobody'"),
+                         ("Separate: {Z: [train.epochs=3]}", r"rows_by_column.Separate names no column \['Z'\]")):
+        spec_file(tmp_path, two_columns + "    rows_by_column: {" + bad + "}\n")
+        with pytest.raises(ValueError, match=message):
+            load_spec(tmp_path / "toy.yaml")
