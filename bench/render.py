@@ -1,10 +1,15 @@
-"""Rendering of collected tables: ours (mean ± std) beside the paper's number, as Markdown, LaTeX and CSV."""
+"""Rendering of collected tables: ours (mean ± std) beside the paper's number, as Markdown, LaTeX and CSV.
+
+``python -m bench.render <spec.yaml> [--scale mini] [--results results]`` re-renders a written table's Markdown and
+LaTeX from its CSV and ``.stats.json`` alone (after a change to the rendering, when the runs are gone)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,13 +17,27 @@ from typing import Any
 import pandas as pd
 
 from bench.core.records import atomic_write_text
-from bench.spec import label, output_base, scale_block, scale_columns
+from bench.spec import SCALES, label, load_spec, output_base, scale_block, scale_columns
 
 
 def _fmt(mean: float, std: float) -> str:
     if math.isnan(mean):
         return "—"
     return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+
+def is_secondary(source: Any) -> bool:
+    """Whether a paper number's source (``paper_tables.csv``'s ``source``) is a secondary one, e.g.
+    ``secondary-unverified``: a transcription not checked against the paper's text. Such numbers are marked §
+    wherever they appear."""
+    return isinstance(source, str) and source.startswith("secondary")
+
+
+def secondary_sources(frame: pd.DataFrame) -> list[str]:
+    """The secondary sources of the paper's numbers in ``frame`` (marked §)."""
+    if "paper_source" not in frame:
+        return []
+    return sorted({s for s in frame["paper_source"] if is_secondary(s)})
 
 
 def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
@@ -31,7 +50,8 @@ def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
         flag += " ‡" if (r.method, r.column) in stale else ""
         ours = "diverged" if [r.method, r.column] in frame.attrs.get("diverged_cells", []) else _fmt(r.mean, r.std)
         cells[f"{r.column} (ours)"] = ours + flag
-        cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std)
+        secondary = is_secondary(getattr(r, "paper_source", "")) and not math.isnan(r.paper_mean)
+        cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std) + (" §" if secondary else "")
     table = pd.DataFrame.from_dict(wide, orient="index")
     table.index.name = "method"
     empty = [c for c in table.columns if c.endswith(" (paper)") and (table[c] == "—").all()]
@@ -83,6 +103,10 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
         return [*lines, protocol]
     lines += [protocol + " (paper) columns are the published numbers" + (
         "; ⚑ marks a difference above two of our standard deviations." if scale == "paper" else ".")]
+    secondary = secondary_sources(frame) if frame is not None else []
+    if secondary:
+        lines += [f"§ The paper's number comes from a secondary source ({', '.join(secondary)}), not from the "
+                  "paper's text: a transcription that has not been checked against the paper."]
     return lines
 
 
@@ -101,7 +125,9 @@ def _latex_escape(text: str) -> str:
                        ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
                        ("^", r"\textasciicircum{}")):
         out = out.replace(char, repl)
-    return out.replace("±", r"$\pm$").replace("⚑", r"$^\dagger$").replace("‡", r"$^\ddagger$").replace("—", "--")
+    for char, repl in (("±", r"$\pm$"), ("⚑", r"$^\dagger$"), ("‡", r"$^\ddagger$"), ("§", r"\S{}"), ("—", "--")):
+        out = out.replace(char, repl)
+    return out
 
 
 def latex_table(frame: pd.DataFrame, title: str, caption: str = "", notes: Sequence[str] = ()) -> str:
@@ -195,14 +221,64 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def write_markdown_and_latex(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
+                             base: Path) -> None:
+    """``<base>.md`` and ``<base>.tex`` of a collected table, each written atomically."""
+    atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
+    atomic_write_text(base.with_suffix(".tex"), latex_table(wide_table(frame, scale), title(spec, scale), " ".join(
+        caption(spec, scale, has_paper_numbers(frame), frame)).replace("**", ""), problems))
+
+
 def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
                 results_dir: str | os.PathLike = "results") -> Path:
     """Markdown, LaTeX and CSV side by side (each written atomically); returns the Markdown path."""
     base = output_base(spec["paper"], label(spec), scale, results_dir)
-    atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
-    atomic_write_text(base.with_suffix(".tex"), latex_table(wide_table(frame, scale), title(spec, scale), " ".join(
-        caption(spec, scale, has_paper_numbers(frame), frame)).replace("**", ""), problems))
+    write_markdown_and_latex(spec, scale, frame, problems, base)
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
     stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
     atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
     return base.with_suffix(".md")
+
+
+#: numbers of the stats file that JSON stores as null when they are NaN
+_NUMERIC_STATS = ("mean_diff", "std_diff", "ci_low", "ci_high", "paper_diff", "tau")
+
+
+def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> Path:
+    """Rewrite the Markdown and LaTeX of a table that ``write_table`` wrote, from its CSV and ``.stats.json``;
+    returns the Markdown path. A table with stale, diverged or unaveraged cells cannot be: those marks live in the
+    runs, not the CSV (``python -m bench.table`` re-collects it)."""
+    base = output_base(spec["paper"], label(spec), scale, results_dir)
+    if not base.with_suffix(".csv").exists():
+        raise FileNotFoundError(f"{base.with_suffix('.csv')} does not exist: write the table first "
+                                f"(python -m bench.table <spec> --scale {scale})")
+    old = base.with_suffix(".md").read_text() if base.with_suffix(".md").exists() else ""
+    if "‡" in old or "Not averaged in" in old or "| diverged" in old:
+        raise ValueError(f"{base.with_suffix('.md')} has stale, diverged or unaveraged cells, which its CSV does not "
+                         "record: re-collect it from the runs with python -m bench.table instead")
+    frame = pd.read_csv(base.with_suffix(".csv"))
+    stats = json.loads(base.with_suffix(".stats.json").read_text()) if base.with_suffix(".stats.json").exists() \
+        else {}
+    for key, entries in stats.items():
+        if key in ("paired", "ordering"):
+            entries = [{k: math.nan if k in _NUMERIC_STATS and v is None else v for k, v in e.items()}
+                       for e in entries]
+        frame.attrs[key] = entries
+    frame.attrs.update(stale_cells=[], diverged_cells=[], stale=[])
+    write_markdown_and_latex(spec, scale, frame, [], base)
+    return base.with_suffix(".md")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", nargs="+", help="table specs, e.g. conf/paper/pa3dfl/table1.yaml")
+    parser.add_argument("--scale", default="mini", choices=SCALES)
+    parser.add_argument("--results", default="results")
+    args = parser.parse_args(argv)
+    for path in args.spec:
+        print(f"wrote {rerender(load_spec(path), args.scale, args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

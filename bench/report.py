@@ -44,6 +44,7 @@ import pandas as pd
 
 from bench.core.records import atomic_write_text
 from bench.provenance import cpu_name
+from bench.render import is_secondary
 from bench.spec import SCALE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,8 @@ document.body.dataset.brokenImages=String(i.filter(function(x){return !x.complet
 
 LEGEND = ("⚑ difference from the paper above two of our standard deviations (paper scale only) · "
           "‡ averaged in, but computed by other code than this tree (stale) · "
-          "✗ not averaged in (missing, failed, partial, diverged or not run) · n = seeds averaged")
+          "✗ not averaged in (missing, failed, partial, diverged or not run) · "
+          "§ the paper's number from a secondary source, not the paper's text · n = seeds averaged")
 
 
 @dataclass(frozen=True)
@@ -460,8 +462,9 @@ def table_html(table: Table) -> str:
                     else (math.nan, math.nan)
                 source = getattr(r, "paper_source", "") if r is not None else ""
                 title = f' title="source: {esc(source)}"' if isinstance(source, str) and source else ""
+                mark = " §" if is_secondary(source) else ""
                 diff = _num(getattr(r, "diff", math.nan)) if r is not None else math.nan
-                tds.append(f'<td class="paper"{title}>{esc(fmt(*paper))}</td>')
+                tds.append(f'<td class="paper"{title}>{esc(fmt(*paper))}{mark}</td>')
                 tds.append(f'<td class="diff">{"" if math.isnan(diff) else esc(f"{diff:+.2f}")}</td>')
         out.append(f"<tr>{''.join(tds)}</tr>")
     out.append("</tbody></table></div>")

@@ -3,6 +3,7 @@
     python scripts/pa3dfl_figures.py fig2 [--scale mini] [--runs runs]
     python scripts/pa3dfl_figures.py fig3 [--scale mini] [--runs runs]
     python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose runs exist (make plots)
+    python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
     python scripts/pa3dfl_figures.py fig2 --run RUN_DIR ...    # any run directories, grouped by method
 
 Fig. 2 (capacity-specific accuracy): in each Hetero column of Table 1 (conf/paper/pa3dfl/table1.yaml), every run's
@@ -224,8 +225,12 @@ def legend(fig: plt.Figure, axes: Sequence[plt.Axes]) -> None:
     fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=7)
 
 
+#: what a panel's title says about the scale of its runs
+SCALE_NOTES = {"mini": " (mini stand-in)", "medium": " (medium: real data, fewer rounds)", "paper": ""}
+
+
 def panel_title(column: str, scale: str) -> str:
-    return column + (" (mini stand-in)" if scale == "mini" and column != GIVEN else "")
+    return column + (SCALE_NOTES[scale] if column != GIVEN else "")
 
 
 def draw_fig2(data: Sequence[Mapping[str, Any]], path: Path, scale: str, protocol: Mapping[str, str],
@@ -322,7 +327,7 @@ def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("figure", choices=["fig2", "fig3", "all"])
-    parser.add_argument("--scale", default="mini", choices=["mini", "paper"])
+    parser.add_argument("--scale", default="mini", choices=list(SCALE_NOTES))
     parser.add_argument("--runs", default="runs", help="the runs folder of the table (default: %(default)s)")
     parser.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
     parser.add_argument("--run", type=Path, nargs="+", help="draw these run directories instead (grouped by method)")

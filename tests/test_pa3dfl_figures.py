@@ -55,12 +55,12 @@ def write_run(path: Path, method: str, caps: Sequence[float], offset: float) -> 
                                     "results": summarize(records)})
 
 
-def fake_table(tmp_path: Path) -> Path:
+def fake_table(tmp_path: Path, scale: str = "mini") -> Path:
     """FedAvg (offset 0, 2 for seeds 0, 1) and Pa3dFL (offset 5, 9) runs of Table 1's FashionMNIST Hetero column,
-    where the table's cells put them."""
+    where the table's cells at ``scale`` put them."""
     out = tmp_path / "runs"
     offsets = {("FedAvg", 0): 0.0, ("FedAvg", 1): 2.0, ("Pa3dFL", 0): 5.0, ("Pa3dFL", 1): 9.0}
-    for cell in expand(load_spec(figs.SPEC), "mini", out_dir=str(out)):
+    for cell in expand(load_spec(figs.SPEC), scale, out_dir=str(out)):
         if cell.column == COLUMN and (cell.row, cell.seed) in offsets:
             cfg = cell_config(cell)
             write_run(run_dir_for(cfg), cfg["method"]["name"], CAPS, offsets[(cell.row, cell.seed)])
@@ -104,6 +104,17 @@ def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
         assert int(r["seeds"]) == 2
         low, high = sorted(CAPS)[2 * q], sorted(CAPS)[2 * q + 1]
         assert (float(r["r_min"]), float(r["r_max"])) == (low, high)
+
+
+def test_medium_scale_figures_come_from_the_medium_runs_and_go_to_the_medium_folder(tmp_path):
+    out = fake_table(tmp_path, "medium")
+    assert figs.table_runs(figs.SPEC, "mini", str(out)) == {}  # the mini cells are other run directories
+    paths = figs.fig2("medium", str(out), str(tmp_path / "results"))
+    assert paths[0] == tmp_path / "results" / "pa3dfl" / "medium" / "figures" / "fig2_capacity_accuracy.png"
+    rows = read_csv(paths[2])
+    assert {r["column"] for r in rows} == {COLUMN}  # the one column the medium scale runs
+    assert float(rows[0]["mean"]) == pytest.approx(CLUSTER_MEANS[0] + 1.0)
+    assert figs.panel_title(COLUMN, "medium") == "FashionMNIST Hetero (medium: real data, fewer rounds)"
 
 
 def test_fig3_curves_are_the_mean_over_seeds_per_round(tmp_path):

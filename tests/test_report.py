@@ -189,3 +189,41 @@ def test_screenshot_without_chromium_says_how_to_install_it(tree: dict[str, Any]
     assert report.main(["--results", str(tree["results"]), "--out", str(out), "--screenshot"]) == 1
     assert out.exists() and not out.with_suffix(".png").exists()
     assert "apt-get install -y chromium" in capsys.readouterr().err
+
+
+def test_secondary_paper_numbers_are_marked_in_markdown_latex_and_page(tmp_path: Path) -> None:
+    frame = frame_of([("FedAvg", "C1", 80.0, 1.0, 2, 70.0, NAN), ("FedX", "C1", 82.0, 1.0, 2, 75.0, NAN),
+                      ("FedAvg", "C2", 60.0, 1.0, 2, 50.0, NAN), ("FedX", "C2", 61.0, 1.0, 2, 55.0, NAN)])
+    frame.loc[frame["column"] == "C1", "paper_source"] = "secondary-unverified"
+    md = write_table(spec_of("gamma", "1", ["FedAvg", "FedX"]), "mini", frame, [], tmp_path / "results")
+    text = md.read_text()
+    assert "| FedAvg | 80.00 ± 1.00 | 70.00 § | 60.00 ± 1.00 | 50.00 |" in text  # C2's source is the paper's
+    assert "§ The paper's number comes from a secondary source (secondary-unverified)" in text
+    assert r"70.00 \S{}" in md.with_suffix(".tex").read_text()
+    page = report.table_html(report.read_table("gamma", md.with_suffix(".csv"), "mini"))
+    assert 'title="source: secondary-unverified">70.00 §</td>' in page
+    assert 'title="source: table">50.00</td>' in page
+    assert "§" in report.LEGEND
+
+
+def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) -> None:
+    from bench.render import rerender
+
+    paired = [{"column": "C1", "row": "FedX", "other": "FedAvg", "best_other": "FedAvg", "seeds": 2, "mean_diff": 2.0,
+               "std_diff": NAN, "ci_low": NAN, "ci_high": NAN, "confidence": 0.95, "higher_in": 2,
+               "paper_diff": 5.0, "agrees": True, "contradicts": False}]
+    ordering = [{"column": "C1", "rows": 2, "tau": NAN, "ours_best": "FedX", "paper_best": "FedX"}]
+    frame = frame_of([("FedAvg", "C1", 80.0, 1.0, 2, 70.0, NAN), ("FedX", "C1", 82.0, 1.0, 2, 75.0, NAN)],
+                     paired=paired, ordering=ordering)
+    spec = spec_of("delta", "1", ["FedAvg", "FedX"])
+    md = write_table(spec, "mini", frame, [], tmp_path)
+    written = {suffix: md.with_suffix(suffix).read_text() for suffix in (".md", ".tex")}
+    for suffix in written:
+        md.with_suffix(suffix).write_text("old rendering")
+    assert rerender(spec, "mini", tmp_path) == md
+    assert {suffix: md.with_suffix(suffix).read_text() for suffix in written} == written
+    write_table(spec, "mini", frame, ["failed: FedX | C1 | seed 1"], tmp_path)  # a mark the CSV does not record
+    with pytest.raises(ValueError, match="python -m bench.table"):
+        rerender(spec, "mini", tmp_path)
+    with pytest.raises(FileNotFoundError, match="write the table first"):
+        rerender(spec_of("epsilon", "1", ["FedAvg"]), "mini", tmp_path)
