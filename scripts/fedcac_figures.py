@@ -215,7 +215,10 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="run directory (fig7, fig8)")
     parser.add_argument("--rounds", type=int, default=30, help="fig1a rounds")
     parser.add_argument("--epochs", type=int, default=5, help="fig1b local epochs")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for fig1a/fig1b's training (fixed, so the figures do not depend on load)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.figure in ("fig7", "fig8") and args.run is None:
         parser.error(f"{args.figure} needs --run RUN_DIR (a FedCAC run directory)")
     paths = {

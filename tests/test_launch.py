@@ -163,6 +163,21 @@ def test_plots_draw_learning_curves_with_a_band_over_seeds(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
+def test_plots_save_the_same_figure_as_the_same_bytes(tmp_path):
+    import matplotlib.pyplot as plt
+
+    def draw(name: str) -> list[Path]:
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], [3, 1, 2])
+        return plots.save(fig, tmp_path / name)
+
+    first, second = draw("a"), draw("b")
+    assert [p.suffix for p in first] == [".png", ".pdf"]
+    assert b"CreationDate" not in first[1].read_bytes()  # the only thing that changed from one save to the next
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes()
+
+
 def test_make_targets_exist_for_every_spec_and_pass_the_options():
     out = subprocess.run(["make", "-n", "table2", "SCALE=paper", "LAUNCHER=slurm", "SEEDS=0 1", "DATA_ROOT=/data",
                           "ARGS=device=cuda launcher.gpus_per_node=1"], cwd=ROOT, capture_output=True, text=True,
