@@ -120,13 +120,15 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
         model = mini.get("model", column["model"]) if mini else column["model"]
         data_extra = mini.get("dataset_overrides", {}).get(dataset, []) if mini else []
-        column_extra = mini.get("column_overrides", {}).get(column["name"], []) if mini else []
+        column_extra = [*mini.get("by_dataset", {}).get(column["dataset"], []),  # keyed by the paper's data set
+                        *mini.get("column_overrides", {}).get(column["name"], [])] if mini else []
         for row in spec["rows"]:
             if row.get("unavailable"):
                 continue
             row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
                          *row.get("by_column", {}).get(column["name"], []),
                          *mini.get("rows", {}).get(row["name"], []),
+                         *mini.get("rows_by_dataset", {}).get(row["name"], {}).get(column["dataset"], []),
                          *mini.get("rows_by_column", {}).get(row["name"], {}).get(column["name"], []),
                          *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
             for seed in seeds:

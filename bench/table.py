@@ -29,9 +29,11 @@ A table spec (YAML)::
         model: small_cnn
         dataset_overrides: {mnist5k: [dataset.image_size=14]}
         rows: {FedCAC: [method.beta=4]}          # appended to that row's overrides
+        rows_by_dataset: {FedRep: {cifar100: [method.body_epochs=2]}}  # then per row and the column's paper data set
         rows_by_column: {FedRep: {"CIFAR-100 a=0.1": [method.body_epochs=2]}}  # then per row and column
         per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
-        column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # appended after that column's overrides
+        by_dataset: {cifar100: [partition.n_train=40]}  # appended after the column's overrides, by its paper data set
+        column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # then by column name
 
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).

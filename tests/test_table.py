@@ -54,6 +54,12 @@ def test_expand_cells_and_overrides(tmp_path):
     spec["scales"]["mini"]["column_overrides"] = {"A": ["partition.classes_per_client=3"]}
     over = expand(spec, "mini", out_dir=str(tmp_path / "runs"))[0].overrides  # after the column's own overrides
     assert over.index("partition.classes_per_client=3") == over.index("partition=pathological") + 1
+    # by the column's paper data set (a stand-in shared by several tables): column-level, then row-level
+    spec["scales"]["mini"]["by_dataset"] = {"synthetic": ["partition.n_train=41"], "cifar100": ["never=1"]}
+    spec["scales"]["mini"]["rows_by_dataset"] = {"FedAvg": {"synthetic": ["train.epochs=2"]}, "NoSuchRow": {}}
+    fedavg, separate = (expand(spec, "mini", out_dir=str(tmp_path / "runs"), seeds=[0])[i].overrides for i in (0, 1))
+    assert fedavg.index("partition.n_train=41") == fedavg.index("partition.classes_per_client=3") - 1
+    assert "train.epochs=2" in fedavg and "train.epochs=2" not in separate and "never=1" not in fedavg
     with pytest.raises(ValueError, match="scale='huge'"):
         expand(spec, "huge")
 
