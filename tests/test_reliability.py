@@ -145,6 +145,26 @@ def test_a_damaged_summary_is_written_again_from_the_records(tmp_path):
     assert not (run.path / "damaged-1").exists()
 
 
+def test_a_checkpoint_write_cut_short_leaves_the_newest_checkpoint_and_its_predecessor(tmp_path, monkeypatch):
+    import bench.core.records as records_module
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.save_checkpoint(1, {"w": torch.zeros(2)}, "h")
+    run.save_checkpoint(2, {"w": torch.ones(2)}, "h")
+
+    def killed_while_writing(path, obj):  # the process dies before the new checkpoint replaces the old one
+        assert load_verified(run.checkpoint)["round"] == 2, "checkpoint.pt must exist while the next is written"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(records_module, "save_verified", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        run.save_checkpoint(3, {"w": torch.full((2,), 3.0)}, "h")
+    assert load_verified(run.checkpoint)["round"] == 2
+    assert load_verified(run.previous_checkpoint)["round"] == 2
+    assert not list(run.path.glob(".*.tmp"))
+
+
 def test_a_sigkill_while_records_are_written_loses_nothing_finished(tmp_path):
     args = [sys.executable, "-m", "bench.run", *config_args(tmp_path), "rounds=30", "checkpoint.every_rounds=1",
             "train.epochs=2"]

@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -264,9 +265,19 @@ class RunDir:
         return state
 
     def save_checkpoint(self, round_: int, method_state: Mapping[str, Any], config_hash: str) -> None:
-        """Write the state after ``round_``; the previous checkpoint is kept as ``checkpoint.prev.pt``."""
+        """Write the state after ``round_``; the previous checkpoint is kept as ``checkpoint.prev.pt``.
+
+        ``checkpoint.pt`` exists at every instant: the previous one is hard-linked (copied where the file system
+        has no hard links) to ``checkpoint.prev.pt`` through a temp name, then the new one replaces it atomically.
+        """
         if self.checkpoint.exists():
-            os.replace(self.checkpoint, self.previous_checkpoint)
+            link = self.previous_checkpoint.with_name(f".{self.previous_checkpoint.name}.tmp")
+            link.unlink(missing_ok=True)
+            try:
+                os.link(self.checkpoint, link)
+            except OSError:
+                shutil.copy2(self.checkpoint, link)
+            os.replace(link, self.previous_checkpoint)
         save_verified(self.checkpoint, {"round": round_, "method": dict(method_state), "config_hash": config_hash,
                                         "schema": SCHEMA_VERSION})
 
