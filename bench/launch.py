@@ -6,7 +6,8 @@ docs/launchers.md explains the choices and how to pick the settings.
 - ``inline``: one run after another in this process (debugging, tests).
 - ``local``: a pool of ``max_concurrent`` long-lived worker processes (:func:`run_pool`). Each worker pulls the
   next run from a queue the table process holds, so the load stays balanced to the last run, and serves runs until
-  the queue is empty, so the start-up (Python, ``import torch``, the first W&B run) is paid once per worker.
+  the queue is empty, so the start-up (Python, ``import torch``, the first W&B run) and the reading of each data
+  source (:func:`bench.core.data.sharing_sources`) are paid once per worker.
 - ``slurm``: submitit's SlurmExecutor; every job is one task of a job array (``array_parallelism`` at once) and
   runs ``runs_per_job`` configs, ``runs_at_once`` of them concurrently (several runs sharing one GPU) through the
   same worker pool.
@@ -113,12 +114,16 @@ def run_config(index: int, cfg: Mapping[str, Any], reraise: Callable[[], bool] =
 
 def run_in_turn(configs: Sequence[Mapping[str, Any]], indices: Sequence[int], on_outcome: OnOutcome | None = None,
                 reraise: Callable[[], bool] = lambda: False) -> list[Outcome]:
-    """Execute the configs one after another in this process (see :func:`run_config` for ``reraise``)."""
+    """Execute the configs one after another in this process (see :func:`run_config` for ``reraise``); each data
+    source is read once for all of them."""
+    from bench.core.data import sharing_sources
+
     outcomes = []
-    for index, cfg in zip(indices, configs, strict=True):
-        outcomes.append(run_config(index, cfg, reraise))
-        if on_outcome is not None:
-            on_outcome(outcomes[-1])
+    with sharing_sources():
+        for index, cfg in zip(indices, configs, strict=True):
+            outcomes.append(run_config(index, cfg, reraise))
+            if on_outcome is not None:
+                on_outcome(outcomes[-1])
     return outcomes
 
 
@@ -218,8 +223,15 @@ def worker_main(conn: Connection, parent: str | None, log_dir: str | None) -> No
     logs = Path(log_dir) if log_dir else None
     with output_to(logs / f"worker-{os.getpid()}.log") if logs else contextlib.nullcontext():
         import bench.run  # noqa: F401 - torch and every method, paid once per worker
+        from bench.core.data import sharing_sources
 
         conn.send(("ready", os.getpid()))
+    with sharing_sources():  # a data source is read once per worker, not once per run
+        serve(conn, logs)
+
+
+def serve(conn: Connection, logs: Path | None) -> None:
+    """Run each ``(index, config)`` received on ``conn`` until None arrives or the pool is gone."""
     while True:
         try:
             task = conn.recv()

@@ -18,6 +18,7 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import os
 import platform
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -118,3 +119,23 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: environment variables that cap the instruction set of PyTorch's CPU kernels (ATen), oneDNN (convolutions)
+#: and MKL (matrix products)
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def cpu_kernels() -> dict[str, Any]:
+    """What a CPU run's bits depend on besides the config and the thread count: the torch version, the
+    instruction set its kernels dispatch to (``torch.backends.cpu.get_cpu_capability()``, e.g. AVX2 or AVX512),
+    the CPU, and any caps set through :data:`ISA_CAPS`. The same run on an AVX-512 and on an AVX2 machine sums
+    in different orders, so its records differ in the last bits and, over rounds, in accuracy; with
+    ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` an AVX-512 machine computes
+    what an AVX2 machine does."""
+    import torch
+
+    caps = {name: os.environ[name] for name in ISA_CAPS if name in os.environ}
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu_name(), **({"isa_caps": caps} if caps else {})}
+

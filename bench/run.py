@@ -36,7 +36,7 @@ from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
-from bench.provenance import code_identity
+from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
 from datasets.partition import PARTITIONERS
 from datasets.partition_report import partition_label, write_partition_report
@@ -199,7 +199,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     atomic_write_json(run.summary, summary)
     (run.path / "error.txt").unlink(missing_ok=True)  # a failure reported earlier is history now
     atomic_write_json(run.timing, {"wall_seconds": time.time() - started, "device": str(device),
-                                   "threads": torch.get_num_threads()})
+                                   "threads": torch.get_num_threads(), **cpu_kernels()})
     for cb in callbacks:
         cb.on_end(summary)
     return summary

@@ -5,7 +5,8 @@
 
 Each repeat starts a new Python process (as a local job did before the worker pool) that imports what a run
 needs, then runs the cell's config (a) fresh, as the process's first run, and (b) warm, again into another out_dir,
-as a pool worker runs every config after its first (same config, so the two are the same work). Phases are timed
+as a pool worker runs every config after its first (same config, so the two are the same work; the data source
+is read by the fresh run and shared with the warm ones, as in a worker). Phases are timed
 by wrapping the functions that do them (exclusive time: a nested phase is not counted in its caller), so the
 records are those of a normal run. The table process's own share (composing the cell's config with Hydra, and
 building its partition once in the pre-launch check) is timed here too. ``--wandb-setup`` calls
@@ -114,6 +115,7 @@ def child(args: argparse.Namespace) -> None:
     process["import torch"] = time.time() - start
     start = time.time()
     import bench.run  # noqa: F401 - methods, Hydra, OmegaConf, the core
+    from bench.core.data import sharing_sources
     from bench.run import execute
 
     process["import bench.run (methods, Hydra, core)"] = time.time() - start
@@ -127,14 +129,15 @@ def child(args: argparse.Namespace) -> None:
     phases = Phases()
     instrument(phases)
     runs = []
-    for label in ["fresh"] + [f"warm{i}" for i in range(1, args.warm + 1)]:
-        run_cfg = {**cfg, "out_dir": str(Path(args.out_dir) / label)}
-        phases.enter("other (locks, callbacks)")
-        start = time.time()
-        execute(run_cfg)
-        total = time.time() - start
-        phases.leave()
-        runs.append({"label": label, "total": round(total, 3), **phases.take()})
+    with sharing_sources():  # as a pool worker: a data source is read by the first run only
+        for label in ["fresh"] + [f"warm{i}" for i in range(1, args.warm + 1)]:
+            run_cfg = {**cfg, "out_dir": str(Path(args.out_dir) / label)}
+            phases.enter("other (locks, callbacks)")
+            start = time.time()
+            execute(run_cfg)
+            total = time.time() - start
+            phases.leave()
+            runs.append({"label": label, "total": round(total, 3), **phases.take()})
     print(json.dumps({"process": {k: round(v, 3) for k, v in process.items()}, "runs": runs, "done": time.time()}))
     sys.stdout.flush()
 

@@ -54,7 +54,22 @@ def verify(run: Path, scratch: Path) -> tuple[bool, str]:
     summary = execute(cfg)
     old, new = _records(run / "rounds.jsonl"), _records(scratch / run.name / "rounds.jsonl")
     same = old == new and json.loads((run / "summary.json").read_text())["results"] == summary["results"]
-    return same, f"{len(new)} records" if same else f"records differ ({len(old)} stored, {len(new)} now)"
+    if same:
+        return True, f"{len(new)} records"
+    return False, f"records differ ({len(old)} stored, {len(new)} now){kernels_hint(run)}"
+
+
+def kernels_hint(run: Path) -> str:
+    """Why records can differ without a code change: another CPU instruction set (docs/design.md)."""
+    from bench.provenance import cpu_kernels
+
+    stored = json.loads((run / "timing.json").read_text()) if (run / "timing.json").exists() else {}
+    now = cpu_kernels()["cpu_capability"]
+    if stored.get("cpu_capability") == now:
+        return ""
+    return (f"; stored with {stored.get('cpu_capability', 'unrecorded')} kernels, rerun with {now}: cap them to the "
+            "stored run's instruction set, e.g. ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
+            "MKL_ENABLE_INSTRUCTIONS=AVX2 (docs/design.md)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

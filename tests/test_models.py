@@ -363,3 +363,69 @@ def test_small_cnn_bn_all_normalises_every_body_layer():
     assert out.shape == (5, 10)
     with pytest.raises(ValueError, match="model.options.norm='gn'.*bn_all"):
         make("small_cnn", norm="gn")
+
+
+def _stock_pool(pool: nn.MaxPool2d) -> nn.MaxPool2d:
+    return nn.MaxPool2d(pool.kernel_size, pool.stride, pool.padding)
+
+
+@pytest.mark.parametrize("shape", [(6, 5, 9, 11), (20, 16, 16, 16)])  # odd sizes; the vectorised kernels' sizes
+@pytest.mark.parametrize("settings", [(2,), (3, 2, 1)])
+@pytest.mark.parametrize("kind", ["ties", "relu", "signed_zeros", "nan"])
+def test_max_pool_computes_the_stock_kernels_bits_and_gradients(shape, settings, kind):
+    """The models' MaxPool2d (channels-last kernel with autograd, running maximum of strided views without) gives
+    the values, signs of zeros, NaNs and input gradients of torch's own nn.MaxPool2d, odd sizes and ties
+    included: swapping it in changes no record."""
+    from bench.core.models import MaxPool2d
+
+    torch.manual_seed(0)
+    x = {"ties": torch.randint(-2, 3, shape).float(), "relu": torch.relu(torch.randn(shape)),
+         "signed_zeros": torch.where(torch.rand(shape) < 0.5, -0.0, 0.0), "nan": torch.randn(shape)}[kind]
+    if kind == "nan":
+        x[torch.rand(shape) < 0.1] = float("nan")
+    ours, stock = MaxPool2d(*settings), _stock_pool(MaxPool2d(*settings))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ours, out_stock = ours(a), stock(b)
+    assert out_ours.is_contiguous() and out_ours.shape == out_stock.shape
+    assert torch.equal(out_ours.view(torch.int32), out_stock.view(torch.int32))  # bit patterns, NaN and -0 too
+    grad = torch.randn(out_stock.shape)
+    out_ours.backward(grad)
+    out_stock.backward(grad)
+    assert torch.equal(a.grad, b.grad)
+    with torch.no_grad():  # the evaluation path: a NaN stays a NaN (its sign bit may differ), all else bitwise
+        fast, ref = ours(x), stock(x)
+        assert fast.is_contiguous() and torch.equal(fast.isnan(), ref.isnan())
+        assert torch.equal(fast.nan_to_num(7.0).view(torch.int32), ref.nan_to_num(7.0).view(torch.int32))
+
+
+def test_every_pooling_model_trains_to_the_same_bits_as_with_torchs_max_pool():
+    """Two SGD steps and an evaluation of each model with a max-pool: the same parameters and logits, bit for
+    bit, as the same model with its pools replaced by torch's nn.MaxPool2d."""
+    from bench.core.models import MaxPool2d
+
+    torch.set_num_threads(1)
+    for name in ("small_cnn", "cnn_fmnist", "cnn_cifar100", "cnn_fedavg", "lenet64", "resnet8"):
+        ours = make(name) if name != "small_cnn" else make("small_cnn", norm="bn_all")
+        stock = make(name) if name != "small_cnn" else make("small_cnn", norm="bn_all")
+        stock.load_state_dict(ours.state_dict())
+        swapped = 0
+        for parent in stock.modules():
+            for child_name, child in parent.named_children():
+                if isinstance(child, MaxPool2d):
+                    setattr(parent, child_name, _stock_pool(child))
+                    swapped += 1
+        assert swapped, name
+        c, s, k = INPUTS[name]
+        torch.manual_seed(1)
+        x, y = torch.rand(8, c, s, s), torch.randint(0, k, (8,))
+        for model in (ours, stock):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for _ in range(2):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            model.eval()
+        for p, q in zip(ours.parameters(), stock.parameters(), strict=True):
+            assert torch.equal(p, q), name
+        with torch.no_grad():
+            assert torch.equal(ours(x), stock(x)), name

@@ -65,3 +65,26 @@ def test_tables_mark_cells_from_other_code_and_rerun_stale_reruns_exactly_those(
     assert len(kept) == 1 and json.loads(kept[0].read_text())["code"]["hash"] == "0" * 64
     frame, _ = collect(spec, "mini", dirs)
     assert frame.attrs["stale_cells"] == []
+
+
+def test_timing_names_the_cpu_kernels_a_run_used_and_any_isa_cap(tmp_path, monkeypatch):
+    """Records depend on the instruction set the CPU kernels dispatch to (AVX2 vs AVX-512 sum in different
+    orders): every run's timing.json says which it was, and the caps a user set to reproduce another machine."""
+    import torch
+
+    from bench.provenance import ISA_CAPS
+    from bench.run import run_dir_for, to_container
+
+    for name in ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    cfg = config(tmp_path / "plain", "rounds=1")
+    execute(cfg)
+    timing = json.loads((run_dir_for(to_container(cfg)) / "timing.json").read_text())
+    assert timing["torch"] == torch.__version__
+    assert timing["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and timing["cpu_capability"]
+    assert timing["cpu"] and "isa_caps" not in timing
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    cfg = config(tmp_path / "capped", "rounds=1")
+    execute(cfg)
+    timing = json.loads((run_dir_for(to_container(cfg)) / "timing.json").read_text())
+    assert timing["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}

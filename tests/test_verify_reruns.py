@@ -30,3 +30,16 @@ def test_a_rerun_matches_its_stored_run_and_an_altered_record_does_not(tmp_path)
     records.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     assert verify_reruns.main([str(tmp_path / "runs"), "--out", str(out)]) == 1
     assert "DIFFERENT" in out.read_text()
+
+
+def test_a_difference_names_the_kernels_when_the_stored_run_used_other_ones(tmp_path):
+    """A run stored by another machine (AVX2 vs AVX-512) differs for that reason alone: the report says so."""
+    execute(config(tmp_path, "rounds=1", "logger.wandb.mode=disabled"))
+    (run,) = verify_reruns.sample_runs([tmp_path / "runs"], per_method=1, seed=0)
+    assert verify_reruns.kernels_hint(run) == ""  # same kernels as this machine
+    timing = json.loads((run / "timing.json").read_text())
+    (run / "timing.json").write_text(json.dumps({**timing, "cpu_capability": "OTHER"}))
+    assert "stored with OTHER kernels" in verify_reruns.kernels_hint(run)
+    (run / "timing.json").write_text(json.dumps({"wall_seconds": 1.0}))  # a run from before kernels were recorded
+    hint = verify_reruns.kernels_hint(run)
+    assert "unrecorded" in hint and "ONEDNN_MAX_CPU_ISA=AVX2" in hint

@@ -109,6 +109,39 @@ def _flat_size(body: nn.Module, in_channels: int, image_size: int) -> int:
     return int(out.reshape(1, -1).shape[1])
 
 
+class MaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` with faster CPU paths that compute the same numbers.
+
+    PyTorch's contiguous (NCHW) max-pool kernel on the CPU is scalar: at the small CNNs' sizes (16 channels of
+    16 x 16 at batch 200) it took 60 % of an evaluation forward pass. On the CPU this layer instead
+
+    - with autograd recording, runs PyTorch's vectorised channels-last kernel on a channels-last copy (0.9 ms
+      against 4 ms with both copies): both kernels visit a window in the same order and keep the first maximum,
+      so values, signs of zeros and the positions backward routes gradients to are the same;
+    - without autograd (evaluation), for a 2 x 2 window of stride 2, takes the running ``torch.maximum`` of the
+      window's four strided views in the kernel's order (0.4 ms), which keeps the first of equal values as the
+      kernel does (-0.0 before 0.0 stays -0.0); a NaN stays a NaN, its sign bit aside.
+
+    Tests check both against ``nn.MaxPool2d`` bit for bit. The output is contiguous, so the next layer is
+    unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
+            return super().forward(x)
+        if not (torch.is_grad_enabled() and x.requires_grad) and self._two_by_two():
+            x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]  # floor mode: an odd last row/column drops
+            out = x[..., 0::2, 0::2]
+            for view in (x[..., 0::2, 1::2], x[..., 1::2, 0::2], x[..., 1::2, 1::2]):
+                out = torch.maximum(out, view)
+            return out.contiguous()
+        return super().forward(x.contiguous(memory_format=torch.channels_last)).contiguous()
+
+    def _two_by_two(self) -> bool:
+        return (nn.modules.utils._pair(self.kernel_size) == (2, 2) and nn.modules.utils._pair(self.stride) == (2, 2)
+                and nn.modules.utils._pair(self.padding) == (0, 0)
+                and nn.modules.utils._pair(self.dilation) == (1, 1) and not self.ceil_mode)
+
+
 # ----------------------------------------------------------------------------------------- ResNets
 def _norm(kind: str, channels: int, groups: int) -> nn.Module:
     """BatchNorm or GroupNorm with ``groups`` groups at every width (widths are multiples of it, see
@@ -166,7 +199,7 @@ class ResNetBody(nn.Module):
         self.conv1 = nn.Conv2d(in_channels, widths[0], 7, 2, 3, bias=False)
         self.bn1 = _norm(norm, widths[0], gn_groups)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.maxpool = MaxPool2d(3, 2, 1)
         cin = widths[0]
         for stage, (cout, count) in enumerate(zip(widths, blocks, strict=True)):
             first_stride = 1 if stage == 0 else 2
@@ -289,7 +322,7 @@ def _conv_mlp(convs: Sequence[nn.Module], hidden: Sequence[int], num_classes: in
 
 
 def _conv_relu_pool(cin: int, cout: int, kernel: int, padding: int = 0) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, kernel, padding=padding), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+    return [nn.Conv2d(cin, cout, kernel, padding=padding), nn.ReLU(inplace=True), MaxPool2d(2)]
 
 
 @MODELS.register("cnn_cifar100")
@@ -322,7 +355,7 @@ def cnn_fedavg(*, num_classes: int, in_channels: int = 1, image_size: int = 28, 
     cin = in_channels
     for c in (scaled(32, width), scaled(64, width)):
         layers += [nn.Conv2d(cin, c, 5), *([nn.BatchNorm2d(c)] if norm == "bn" else []), nn.ReLU(inplace=True),
-                   nn.MaxPool2d(2)]
+                   MaxPool2d(2)]
         cin = c
     return _conv_mlp(layers, [scaled(512, width)], num_classes, in_channels, image_size)
 
@@ -357,7 +390,7 @@ def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, wi
             layers.append(nn.BatchNorm2d(cout))
         layers.append(nn.ReLU(inplace=True))
         if i == last or (i == 0 and image_size >= 16):
-            layers.append(nn.MaxPool2d(2))
+            layers.append(MaxPool2d(2))
         cin = cout
     return _conv_mlp(layers, [scaled(int(hidden), width)], num_classes, in_channels, image_size,
                      fc_norm=norm == "bn_all")

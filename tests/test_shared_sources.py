@@ -1,0 +1,64 @@
+"""A process that serves many runs (pool worker, runs in turn) reads each data source once: same records."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.core.data as data
+from bench.core.data import SharedSources, load_sources, sharing_sources
+from bench.launch import run_in_turn
+from bench.run import execute, run_dir_for, to_container
+from tests.helpers import config
+
+DIGITS = {"source": "digits", "image_size": 8}
+
+
+def test_inside_sharing_a_source_is_read_once_per_distinct_config(monkeypatch):
+    reads = []
+    real = data._load_sources
+    monkeypatch.setattr(data, "_load_sources", lambda *a: reads.append(a[0]) or real(*a))
+    first, _ = load_sources(DIGITS, None)
+    again, _ = load_sources(DIGITS, None)
+    assert len(reads) == 2 and first[0].images is not again[0].images  # no sharing outside the block
+    with sharing_sources(capacity=1) as shared:
+        a_train, a_test = load_sources(DIGITS, None)
+        b_train, b_test = load_sources(dict(DIGITS), None)
+        assert len(reads) == 3 and shared.loads == 1
+        assert a_train[0].images is b_train[0].images and a_test[0].labels is b_test[0].labels
+        assert a_train is not b_train  # each caller gets its own lists
+        load_sources({**DIGITS, "image_size": 16}, None)  # another config: read, and evicts the first (capacity 1)
+        load_sources(DIGITS, None)
+        assert shared.loads == 3 and len(shared.loaded) == 1
+    load_sources(DIGITS, None)
+    assert len(reads) == 6  # the block is over: every call reads again
+
+
+def test_a_failed_read_is_not_kept(tmp_path):
+    cfg = {"source": "cifar10"}
+    with sharing_sources() as shared:
+        for _ in range(2):
+            with pytest.raises(Exception, match="cifar-10"):
+                load_sources(cfg, str(tmp_path))
+        assert shared.loads == 0 and not shared.loaded
+
+
+def test_bad_capacity_is_named():
+    with pytest.raises(ValueError, match="capacity=0 is invalid"):
+        SharedSources(0)
+
+
+def test_runs_in_turn_read_the_source_once_with_the_records_of_separate_processes(tmp_path, monkeypatch):
+    cfgs = [to_container(config(tmp_path / label, f"method={m}", f"seed={s}", "dataset=digits"))
+            for label in ("alone", "shared") for m, s in (("fedavg", 0), ("local", 0), ("fedavg", 1))]
+    alone, shared = cfgs[:3], cfgs[3:]
+    for cfg in alone:
+        execute(cfg)
+    reads = []
+    real = data._load_sources
+    monkeypatch.setattr(data, "_load_sources", lambda *a: reads.append(a[0]) or real(*a))
+    outcomes = run_in_turn(shared, [0, 1, 2])
+    assert all(o.ok for o in outcomes), outcomes
+    assert len(reads) == 1
+    for a, b in zip(alone, shared, strict=True):
+        for name in ("rounds.jsonl", "summary.json"):
+            assert (run_dir_for(a) / name).read_bytes() == (run_dir_for(b) / name).read_bytes()
