@@ -242,3 +242,27 @@ def test_every_method_runs_with_hetero_capacities_and_resumes_to_identical_recor
     assert summary["capacity"]["width"] == WIDTHS[name]
     whole, resumed = interrupted_then_resumed(tmp_path, f"method={name}", *HETERO, *FAST[name])
     assert whole == resumed and '"stage": "post"' in whole and '"round": 4' in whole
+
+
+@pytest.mark.parametrize("name", ["cnn_fmnist", "resnet8"])
+def test_graph_analysis_sees_the_models_max_pool_as_torchs(name):
+    """TailorFL's importance hooks and channel groups come from a symbolic trace: the models' MaxPool2d (fast CPU
+    paths) gives the same groups and the same importance vectors as torch's nn.MaxPool2d."""
+    from bench.core.models import MaxPool2d
+    from methods.tailorfl import TailorFL
+
+    def stock_pools(model: nn.Module) -> nn.Module:
+        for parent in model.modules():
+            for child_name, child in parent.named_children():
+                if isinstance(child, MaxPool2d):
+                    setattr(parent, child_name, nn.MaxPool2d(child.kernel_size, child.stride, child.padding))
+        return model
+
+    in_channels, size = (1, 28) if name == "cnn_fmnist" else (3, 32)
+    ours = build_model(name, num_classes=10, in_channels=in_channels, image_size=size)
+    stock = stock_pools(build_model(name, num_classes=10, in_channels=in_channels, image_size=size))
+    assert any(isinstance(m, MaxPool2d) for m in ours.modules())
+    assert not any(isinstance(m, MaxPool2d) for m in stock.modules())
+    assert channel_groups(ours) == channel_groups(stock)
+    ours, stock = TailorFL.extend_model(ours, None), TailorFL.extend_model(stock, None)
+    assert [k for k, _ in ours.named_parameters()] == [k for k, _ in stock.named_parameters()]
