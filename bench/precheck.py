@@ -7,22 +7,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from bench.core.data import load_sources, partition_sources
+from bench.core.data import load_sources, partition_sources, sharing_sources
 from bench.spec import Cell
 
 
-def _data_problem(cfg: dict[str, Any], sources: dict[str, Any]) -> str | None:
-    """Why ``cfg``'s data set or partition cannot be built, or None; ``sources`` caches loaded data sets."""
-    where = json.dumps([cfg["dataset"], cfg.get("data_root")], sort_keys=True, default=str)
-    if where not in sources:
-        try:
-            sources[where] = load_sources(cfg["dataset"], cfg.get("data_root"))
-        except (OSError, ValueError) as err:  # DataSourceError and mismatched domains
-            sources[where] = str(err)
-    if isinstance(sources[where], str):
-        return sources[where]
+def _data_problem(cfg: dict[str, Any]) -> str | None:
+    """Why ``cfg``'s data set or partition cannot be built, or None (sources come from the caller's
+    :func:`sharing_sources` block, so each is read once)."""
     try:
-        partition_sources(*sources[where], str(cfg["dataset"]["name"]), cfg["partition"],
+        sources = load_sources(cfg["dataset"], cfg.get("data_root"))
+    except (OSError, ValueError) as err:  # DataSourceError and mismatched domains
+        return str(err)
+    try:
+        partition_sources(*sources, str(cfg["dataset"]["name"]), cfg["partition"],
                           num_clients=cfg["num_clients"], data_seed=int(cfg["data_seed"]),
                           cache_dir=cfg.get("cache_dir"))
     except ValueError as err:  # PartitionError
@@ -33,17 +30,17 @@ def _data_problem(cfg: dict[str, Any], sources: dict[str, Any]) -> str | None:
 def check_inputs(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> None:
     """Load every data set of ``cells`` once and build each distinct partition (cached for the jobs); raise
     one error naming every cell whose data is missing or whose partition is impossible."""
-    sources: dict[str, Any] = {}
     verdicts: dict[str, str | None] = {}
     problems = []
-    for cell in cells:
-        cfg = configs[cell]
-        which = json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"],
-                            cfg["data_seed"]], sort_keys=True, default=str)
-        if which not in verdicts:
-            verdicts[which] = _data_problem(cfg, sources)
-        if verdicts[which]:
-            problems.append(f"{cell.row} | {cell.column} | seed {cell.seed}: {verdicts[which]}")
+    with sharing_sources():
+        for cell in cells:
+            cfg = configs[cell]
+            which = json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"],
+                                cfg["data_seed"]], sort_keys=True, default=str)
+            if which not in verdicts:
+                verdicts[which] = _data_problem(cfg)
+            if verdicts[which]:
+                problems.append(f"{cell.row} | {cell.column} | seed {cell.seed}: {verdicts[which]}")
     if problems:
         shown = "\n".join(f"- {p}" for p in problems[:10]) + (f"\n- ... and {len(problems) - 10} more"
                                                             if len(problems) > 10 else "")

@@ -250,17 +250,12 @@ def test_graph_analysis_sees_the_models_max_pool_as_torchs(name):
     paths) gives the same groups and the same importance vectors as torch's nn.MaxPool2d."""
     from bench.core.models import MaxPool2d
     from methods.tailorfl import TailorFL
-
-    def stock_pools(model: nn.Module) -> nn.Module:
-        for parent in model.modules():
-            for child_name, child in parent.named_children():
-                if isinstance(child, MaxPool2d):
-                    setattr(parent, child_name, nn.MaxPool2d(child.kernel_size, child.stride, child.padding))
-        return model
+    from tests.test_models import with_stock_pools
 
     in_channels, size = (1, 28) if name == "cnn_fmnist" else (3, 32)
     ours = build_model(name, num_classes=10, in_channels=in_channels, image_size=size)
-    stock = stock_pools(build_model(name, num_classes=10, in_channels=in_channels, image_size=size))
+    stock = build_model(name, num_classes=10, in_channels=in_channels, image_size=size)
+    with_stock_pools(stock)
     assert any(isinstance(m, MaxPool2d) for m in ours.modules())
     assert not any(isinstance(m, MaxPool2d) for m in stock.modules())
     assert channel_groups(ours) == channel_groups(stock)

@@ -369,6 +369,19 @@ def _stock_pool(pool: nn.MaxPool2d) -> nn.MaxPool2d:
     return nn.MaxPool2d(pool.kernel_size, pool.stride, pool.padding)
 
 
+def with_stock_pools(model: nn.Module) -> int:
+    """Replace each of the models' MaxPool2d layers in ``model`` by torch's nn.MaxPool2d; how many it replaced."""
+    from bench.core.models import MaxPool2d
+
+    swapped = 0
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, MaxPool2d):
+                setattr(parent, child_name, _stock_pool(child))
+                swapped += 1
+    return swapped
+
+
 @pytest.mark.parametrize("shape", [(6, 5, 9, 11), (20, 16, 16, 16)])  # odd sizes; the vectorised kernels' sizes
 @pytest.mark.parametrize("settings", [(2,), (3, 2, 1)])
 @pytest.mark.parametrize("kind", ["ties", "relu", "signed_zeros", "nan"])
@@ -401,20 +414,12 @@ def test_max_pool_computes_the_stock_kernels_bits_and_gradients(shape, settings,
 def test_every_pooling_model_trains_to_the_same_bits_as_with_torchs_max_pool():
     """Two SGD steps and an evaluation of each model with a max-pool: the same parameters and logits, bit for
     bit, as the same model with its pools replaced by torch's nn.MaxPool2d."""
-    from bench.core.models import MaxPool2d
-
     torch.set_num_threads(1)
     for name in ("small_cnn", "cnn_fmnist", "cnn_cifar100", "cnn_fedavg", "lenet64", "resnet8"):
         ours = make(name) if name != "small_cnn" else make("small_cnn", norm="bn_all")
         stock = make(name) if name != "small_cnn" else make("small_cnn", norm="bn_all")
         stock.load_state_dict(ours.state_dict())
-        swapped = 0
-        for parent in stock.modules():
-            for child_name, child in parent.named_children():
-                if isinstance(child, MaxPool2d):
-                    setattr(parent, child_name, _stock_pool(child))
-                    swapped += 1
-        assert swapped, name
+        assert with_stock_pools(stock), name
         c, s, k = INPUTS[name]
         torch.manual_seed(1)
         x, y = torch.rand(8, c, s, s), torch.randint(0, k, (8,))

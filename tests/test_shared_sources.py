@@ -62,3 +62,12 @@ def test_runs_in_turn_read_the_source_once_with_the_records_of_separate_processe
     for a, b in zip(alone, shared, strict=True):
         for name in ("rounds.jsonl", "summary.json"):
             assert (run_dir_for(a) / name).read_bytes() == (run_dir_for(b) / name).read_bytes()
+
+
+def test_a_block_inside_another_shares_its_cache():
+    with sharing_sources() as outer:
+        load_sources(DIGITS, None)
+        with sharing_sources() as inner:
+            assert inner is outer
+            load_sources(DIGITS, None)
+        assert outer.loads == 1

@@ -12,6 +12,7 @@ import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,18 +133,23 @@ class SharedSources:
         return list(train), list(test)
 
 
-_shared: list[SharedSources] = []  # the innermost :func:`sharing_sources` of this process, if any
+_active: ContextVar[SharedSources | None] = ContextVar("shared_sources", default=None)
 
 
 @contextlib.contextmanager
 def sharing_sources(capacity: int = 2) -> Iterator[SharedSources]:
-    """Within this block :func:`load_sources` serves a source already loaded in this process from memory."""
+    """Within this block :func:`load_sources` serves a source already loaded in this process from memory; a
+    block inside another shares the outer one's cache."""
+    outer = _active.get()
+    if outer is not None:
+        yield outer
+        return
     shared = SharedSources(capacity)
-    _shared.append(shared)
+    token = _active.set(shared)
     try:
         yield shared
     finally:
-        _shared.remove(shared)
+        _active.reset(token)
 
 
 def load_sources(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[ImageData], list[ImageData]]:
@@ -153,9 +159,10 @@ def load_sources(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[Im
     opts = dict(cfg.get("options") or {})
     kwargs = dict(image_size=cfg.get("image_size"), channels=cfg.get("channels"), download=cfg.get("download", False))
     root = cfg.get("root") or data_root
-    if _shared:
+    shared = _active.get()
+    if shared is not None:
         key = json.dumps({"names": list(names), "options": opts, **kwargs, "root": root}, sort_keys=True, default=str)
-        return _shared[-1].get(key, lambda: _load_sources(names, root, kwargs, opts))
+        return shared.get(key, lambda: _load_sources(names, root, kwargs, opts))
     return _load_sources(names, root, kwargs, opts)
 
 

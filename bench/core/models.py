@@ -125,21 +125,23 @@ class MaxPool2d(nn.MaxPool2d):
     Tests check both against ``nn.MaxPool2d`` bit for bit. The output is contiguous, so the next layer is
     unchanged."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pair = {name: getattr(self, name) for name in ("kernel_size", "stride", "padding", "dilation")}
+        pair = {k: v if isinstance(v, tuple) else (v, v) for k, v in pair.items()}
+        self.two_by_two = (pair == {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0), "dilation": (1, 1)}
+                           and not self.ceil_mode)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.fx.Proxy) or x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
             return super().forward(x)  # a symbolic trace (TailorFL's graph analysis) sees the plain max-pool
-        if not (torch.is_grad_enabled() and x.requires_grad) and self._two_by_two():
+        if self.two_by_two and not (torch.is_grad_enabled() and x.requires_grad):
             x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]  # floor mode: an odd last row/column drops
             out = x[..., 0::2, 0::2]
             for view in (x[..., 0::2, 1::2], x[..., 1::2, 0::2], x[..., 1::2, 1::2]):
                 out = torch.maximum(out, view)
             return out.contiguous()
         return super().forward(x.contiguous(memory_format=torch.channels_last)).contiguous()
-
-    def _two_by_two(self) -> bool:
-        return (nn.modules.utils._pair(self.kernel_size) == (2, 2) and nn.modules.utils._pair(self.stride) == (2, 2)
-                and nn.modules.utils._pair(self.padding) == (0, 0)
-                and nn.modules.utils._pair(self.dilation) == (1, 1) and not self.ceil_mode)
 
 
 # ----------------------------------------------------------------------------------------- ResNets
