@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from bench.compose import sharing_compositions
 from bench.core.records import RunDir, atomic_write_text
 from bench.launch import Outcome, launch, load_launcher
 from bench.precheck import check_inputs
@@ -92,10 +93,11 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     run again."""
     launcher = launcher or load_launcher("inline")
     configs = {}
-    for cell in cells:
-        cfg = cell_config(cell, spec, scale)
-        validate(cfg, check_device=launcher["name"] != "slurm")  # Slurm: the GPU is on the compute node
-        configs[cell] = cfg
+    with sharing_compositions():  # the cells' few distinct config-group choices are composed once each
+        for cell in cells:
+            cfg = cell_config(cell, spec, scale)
+            validate(cfg, check_device=launcher["name"] != "slurm")  # Slurm: the GPU is on the compute node
+            configs[cell] = cfg
     dirs = {cell: run_dir_for(cfg) for cell, cfg in configs.items()}
     if rerun_stale:
         set_aside_stale([c for c in cells if RunDir(dirs[c]).is_complete()], configs, dirs)

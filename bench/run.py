@@ -32,6 +32,7 @@ from bench.core.builder import (
     method_class,
 )
 from bench.core.capacity import IDEAL, check_capacity_config
+from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
@@ -39,7 +40,7 @@ from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
 from datasets.partition import PARTITIONERS
-from datasets.partition_report import partition_label, write_partition_report
+from datasets.partition_report import partition_label, render_partition_report, report_key, write_report_files
 from datasets.sources import SOURCES
 
 #: config keys that do not change what is computed (excluded from the run's identity)
@@ -162,9 +163,8 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     started = time.time()
     data = experiment.data
     if not (run.path / "partition" / "class_counts.csv").exists():
-        title = f"{conf['dataset']['name']}: {partition_label(conf['partition'])}"
-        write_partition_report(data.partition, data.pool_labels_full, data.num_classes, run.path / "partition",
-                               class_names=data.classes, title=title)
+        write_report_files(partition_report(data, f"{conf['dataset']['name']}: {partition_label(conf['partition'])}"),
+                           run.path / "partition")
     capacities = client_capacity_table(experiment)
     atomic_write_text(run.path / "partition" / "capacities.csv", "client,capacity,width\n" + "".join(
         f"{c},{r},{w}\n" for c, (r, w) in enumerate(zip(capacities["capacity"], capacities["width"], strict=True))))
@@ -203,6 +203,18 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     for cb in callbacks:
         cb.on_end(summary)
     return summary
+
+
+def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:
+    """The files of ``data``'s partition report; drawn once per partition by a process serving many runs (inside
+    :func:`sharing_sources`: every method of a table column draws the same report)."""
+    args = (data.partition, data.pool_labels_full, data.num_classes)
+    options = {"class_names": data.classes, "title": title}
+    shared = active_sharing()
+    if shared is None:
+        return render_partition_report(*args, **options)
+    return shared.keep(f"partition report {report_key(*args, **options)}",
+                       lambda: render_partition_report(*args, **options))
 
 
 def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:

@@ -92,7 +92,7 @@ def instrument(phases: Phases) -> None:
     phases.wrap(run, "build_experiment", "model build")  # minus the data, timed inside it
     for name in ("load_sources", "build_federated_data"):
         phases.wrap(builder, name, "data + partition")
-    phases.wrap(run, "write_partition_report", "partition report (CSV + figure)")
+    phases.wrap(run, "partition_report", "partition report (CSV + figure)")
     phases.wrap(engine.Engine, "round", "training")  # minus evaluation, timed inside it
     phases.wrap(torch.optim.Optimizer, "__init__", "of which optimizer construction")
     phases.wrap(engine.Engine, "evaluate_client", "evaluation")

@@ -398,13 +398,17 @@ def test_max_pool_computes_the_stock_kernels_bits_and_gradients(shape, settings,
         x[torch.rand(shape) < 0.1] = float("nan")
     ours, stock = MaxPool2d(*settings), _stock_pool(MaxPool2d(*settings))
     a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_ours, out_stock = ours(a), stock(b)
+    layouts = []
+    inner = a * 1  # the gradient the layer before the pool receives (a ReLU's backward, in the models)
+    inner.register_hook(lambda g: layouts.append((g.is_contiguous(), g.stride())))
+    out_ours, out_stock = ours(inner), stock(b)
     assert out_ours.is_contiguous() and out_ours.shape == out_stock.shape
     assert torch.equal(out_ours.view(torch.int32), out_stock.view(torch.int32))  # bit patterns, NaN and -0 too
     grad = torch.randn(out_stock.shape)
     out_ours.backward(grad)
     out_stock.backward(grad)
     assert torch.equal(a.grad, b.grad)
+    assert layouts == [(True, x.stride())]  # contiguous, as torch's pool returns it: no mixed-layout backward
     with torch.no_grad():  # the evaluation path: a NaN stays a NaN (its sign bit may differ), all else bitwise
         fast, ref = ours(x), stock(x)
         assert fast.is_contiguous() and torch.equal(fast.isnan(), ref.isnan())

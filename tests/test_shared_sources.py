@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import bench.core.data as data
+import bench.run
 from bench.core.data import SharedSources, load_sources, sharing_sources
 from bench.launch import run_in_turn
 from bench.run import execute, run_dir_for, to_container
+from datasets.partition import ClientSplit, Partition
+from datasets.partition_report import report_key
 from tests.helpers import config
 
 DIGITS = {"source": "digits", "image_size": 8}
@@ -53,15 +57,41 @@ def test_runs_in_turn_read_the_source_once_with_the_records_of_separate_processe
     alone, shared = cfgs[:3], cfgs[3:]
     for cfg in alone:
         execute(cfg)
-    reads = []
+    reads, drawn = [], []
     real = data._load_sources
     monkeypatch.setattr(data, "_load_sources", lambda *a: reads.append(a[0]) or real(*a))
+    draw = bench.run.render_partition_report
+    monkeypatch.setattr(bench.run, "render_partition_report", lambda *a, **k: drawn.append(1) or draw(*a, **k))
     outcomes = run_in_turn(shared, [0, 1, 2])
     assert all(o.ok for o in outcomes), outcomes
     assert len(reads) == 1
+    assert len(drawn) == 2  # FedAvg and Local on seed 0 share their partition's report; seed 1 has its own
     for a, b in zip(alone, shared, strict=True):
-        for name in ("rounds.jsonl", "summary.json"):
+        for name in ("rounds.jsonl", "summary.json", "partition/class_counts.csv", "partition/partition.png"):
             assert (run_dir_for(a) / name).read_bytes() == (run_dir_for(b) / name).read_bytes()
+        assert (run_dir_for(b) / "partition" / "partition.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_keep_computes_once_per_key_and_holds_the_most_recent(monkeypatch):
+    made = []
+    shared = SharedSources(1)
+    monkeypatch.setattr(SharedSources, "KEPT", 2)
+    for key in ("a", "b", "a", "c", "a", "b"):
+        assert shared.keep(key, lambda key=key: made.append(key) or key.upper()) == key.upper()
+    assert made == ["a", "b", "c", "b"]  # "b" was the least recently used when "c" came
+
+
+def test_report_key_names_what_the_report_draws():
+    labels = torch.arange(12) % 3
+    def split(*train):
+        return ClientSplit(torch.tensor(train), torch.tensor([], dtype=torch.long), torch.tensor([11]))
+    one = Partition((split(0, 1, 2), split(3, 4)), "toy", {}, 0)
+    key = report_key(one, labels, 3, title="t")
+    assert key == report_key(Partition(one.clients, "toy", {"other": 1}, 5), labels.clone(), 3, title="t")
+    assert key != report_key(Partition((split(0, 1), split(2, 3, 4)), "toy", {}, 0), labels, 3, title="t")
+    assert key != report_key(one, labels.roll(1), 3, title="t")
+    assert key != report_key(one, labels, 3, title="u")
+    assert key != report_key(one, labels, 3, title="t", class_names=["x", "y", "z"])
 
 
 def test_a_block_inside_another_shares_its_cache():
