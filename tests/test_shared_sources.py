@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextvars
+import gc
+import threading
+import weakref
+
 import pytest
 import torch
 
@@ -101,3 +106,22 @@ def test_a_block_inside_another_shares_its_cache():
             assert inner is outer
             load_sources(DIGITS, None)
         assert outer.loads == 1
+
+
+def test_the_block_frees_its_sources_even_when_a_thread_holds_its_context():
+    """A thread started inside the block (W&B starts some) holds a copy of the context until it ends; the cached
+    tensors must not live on in it (freed by a daemon thread at interpreter exit, they aborted the process)."""
+    release = threading.Event()
+    with sharing_sources() as shared:
+        train, _ = load_sources(DIGITS, None)
+        images = weakref.ref(train[0].images)
+        context = contextvars.copy_context()
+        holder = threading.Thread(target=context.run, args=(release.wait,), daemon=True)
+        holder.start()
+        del train
+    try:
+        gc.collect()
+        assert images() is None and not shared.loaded and not shared.kept
+    finally:
+        release.set()
+        holder.join()

@@ -173,6 +173,12 @@ def sharing_sources(capacity: int = 2) -> Iterator[SharedSources]:
         yield shared
     finally:
         _active.reset(token)
+        # A thread started inside the block (W&B's) keeps a copy of this context, and with it this cache, until
+        # it ends. Were the tensors freed with that copy, at interpreter exit, a daemon thread would free them
+        # as the interpreter shuts down, and torch's deallocator, taking the GIL back, would abort the process
+        # ("terminate called without an active exception"). They are freed here, by the block's own thread.
+        shared.loaded.clear()
+        shared.kept.clear()
 
 
 def load_sources(cfg: Mapping[str, Any], data_root: str | None) -> tuple[list[ImageData], list[ImageData]]:
