@@ -179,18 +179,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def profile(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     start = time.time()
+    from bench.compose import sharing_compositions
     from bench.precheck import check_inputs
     from bench.spec import cell_config, expand, load_spec
 
     imports = time.time() - start
     spec = load_spec(SPEC)
-    cells = [c for c in expand(spec, "mini", out_dir=str(out)) if (c.row, c.column, c.seed) == (
-        args.row, args.column, args.seed)]
+    table = expand(spec, "mini", out_dir=str(out))
+    cells = [c for c in table if (c.row, c.column, c.seed) == (args.row, args.column, args.seed)]
     if not cells:
         raise SystemExit(f"no cell {args.row} | {args.column} | seed {args.seed} in {SPEC}")
     start = time.time()
     cfg = {**cell_config(cells[0], spec, "mini"), "threads": 1, "cache_dir": str(out / "cache")}
     compose = time.time() - start
+    start = time.time()
+    with sharing_compositions():  # as bench.cells composes a table's cells
+        for cell in table:
+            cell_config(cell, spec, "mini")
+    compose_table = (time.time() - start) / len(table)
     start = time.time()
     check_inputs(cells, {cells[0]: cfg})  # what the table does once before launching: the partition is cached
     precheck = time.time() - start
@@ -219,8 +225,9 @@ def profile(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         runs[kind] = {k: median([r[k] for r in chosen]) for k in ("total", *RUN_PHASES)}
     return {"cell": f"{args.row} | {args.column} | seed {args.seed}", "repeats": args.repeats, "warm": args.warm,
             "load_before": before, "load_after": load(), "table_process": {
-                "imports (bench.spec, precheck)": round(imports, 3), "config composition (Hydra), per cell":
-                round(compose, 3), "pre-launch check (data + partition, cached), per distinct partition":
+                "imports (bench.spec, precheck)": round(imports, 3), "config composition (Hydra), one cell alone":
+                round(compose, 3), "config composition, per cell of the whole table (sharing_compositions)":
+                round(compose_table, 4), "pre-launch check (data + partition, cached), per distinct partition":
                 round(precheck, 3)}, "process": process, "run": runs, "samples": samples}
 
 
@@ -236,7 +243,7 @@ def report(result: dict[str, Any]) -> str:
     per_process = sum(result["process"].values())
     lines.append(f"| **run total** (execute) | {fresh['total']:.2f} | {warm['total']:.2f} |")
     lines.append(f"| **run incl. process** | {fresh['total'] + per_process:.2f} | {warm['total']:.2f} |")
-    lines += ["", "table process: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["table_process"].items())]
+    lines += ["", "table process: " + ", ".join(f"{k} {v:.3g} s" for k, v in result["table_process"].items())]
     return "\n".join(lines)
 
 

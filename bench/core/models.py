@@ -119,7 +119,7 @@ class MaxPool2d(nn.MaxPool2d):
       against 4 ms with both copies): both kernels visit a window in the same order and keep the first maximum,
       so values, signs of zeros and the positions backward routes gradients to are the same; the input's
       gradient comes back contiguous, as torch's pool gives it, so the layer before runs its backward on one
-      layout (:class:`_ChannelsLastCopy`);
+      layout (:class:`_Relayout`);
     - without autograd (evaluation), for a 2 x 2 window of stride 2, takes the running ``torch.maximum`` of the
       window's four strided views in the kernel's order (0.4 ms), which keeps the first of equal values as the
       kernel does (-0.0 before 0.0 stays -0.0); a NaN stays a NaN, its sign bit aside.
@@ -145,22 +145,26 @@ class MaxPool2d(nn.MaxPool2d):
             return out.contiguous()
         if x.is_contiguous(memory_format=torch.channels_last):
             return super().forward(x).contiguous()
-        return super().forward(_ChannelsLastCopy.apply(x)).contiguous()
+        pooled = super().forward(_Relayout.apply(x, torch.channels_last, torch.contiguous_format))
+        return _Relayout.apply(pooled, torch.contiguous_format, torch.channels_last)
 
 
-class _ChannelsLastCopy(torch.autograd.Function):
-    """A channels-last copy of a contiguous NCHW tensor whose gradient goes back contiguous, as the input was.
-    (``Tensor.contiguous``'s own backward passes the channels-last gradient through, so the ReLU before the pool
-    ran its backward on a channels-last gradient and a contiguous output: a mixed-layout loop, 0.25 ms of a 2.8 ms
-    training step of the small CNN.) A copy changes no value."""
+class _Relayout(torch.autograd.Function):
+    """A copy of a tensor in memory layout ``to`` whose gradient goes back in layout ``back``, the layout of the
+    tensor it was copied from. (``Tensor.contiguous``'s own backward passes the gradient through in the copy's
+    layout: the pool's channels-last backward then got a contiguous gradient, which it copied to channels-last
+    together with its saved input, and the ReLU before the pool ran its backward on a channels-last gradient and
+    a contiguous output, a mixed-layout loop; together about 1 of the 2.7 ms of a training step of the small
+    CNN.) A copy changes no value."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return x.contiguous(memory_format=torch.channels_last)
+    def forward(ctx: Any, x: torch.Tensor, to: torch.memory_format, back: torch.memory_format) -> torch.Tensor:  # noqa: D102
+        ctx.back = back
+        return x.contiguous(memory_format=to)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return grad.contiguous()
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: D102
+        return grad.contiguous(memory_format=ctx.back), None, None
 
 
 # ----------------------------------------------------------------------------------------- ResNets
