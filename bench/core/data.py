@@ -126,13 +126,9 @@ class SharedSources:
 
     def get(self, key: str, load: Callable[[], tuple[list[ImageData], list[ImageData]]]
             ) -> tuple[list[ImageData], list[ImageData]]:
-        if key not in self.loaded:
-            self.loaded[key] = load()
-            self.loads += 1
-            while len(self.loaded) > self.capacity:
-                self.loaded.popitem(last=False)
-        self.loaded.move_to_end(key)
-        train, test = self.loaded[key]
+        fresh = key not in self.loaded
+        train, test = _most_recent(self.loaded, key, load, self.capacity)
+        self.loads += fresh  # after a successful load only: a failed read is neither kept nor counted
         return list(train), list(test)
 
     #: how many derived results :meth:`keep` holds (a partition report is about 40 kB)
@@ -143,12 +139,17 @@ class SharedSources:
         held): results derived from the data that many runs of a process share, such as the files of a
         partition's report (0.14 s to draw, the same for every method on that partition). ``key`` must name
         everything ``make`` depends on, and the result must not be changed by its users."""
-        if key not in self.kept:
-            self.kept[key] = make()
-            while len(self.kept) > self.KEPT:
-                self.kept.popitem(last=False)
-        self.kept.move_to_end(key)
-        return self.kept[key]
+        return _most_recent(self.kept, key, make, self.KEPT)
+
+
+def _most_recent(store: OrderedDict[str, Any], key: str, make: Callable[[], T], limit: int) -> T:
+    """``store[key]``, made by ``make()`` when missing; ``store`` keeps the ``limit`` most recently used."""
+    if key not in store:
+        store[key] = make()
+        while len(store) > limit:
+            store.popitem(last=False)
+    store.move_to_end(key)
+    return store[key]
 
 
 _active: ContextVar[SharedSources | None] = ContextVar("shared_sources", default=None)
