@@ -415,6 +415,26 @@ def test_max_pool_computes_the_stock_kernels_bits_and_gradients(shape, settings,
         assert torch.equal(fast.nan_to_num(7.0).view(torch.int32), ref.nan_to_num(7.0).view(torch.int32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_evaluation_pool_keeps_the_first_of_two_signed_zeros_in_any_window_order(dtype):
+    """The evaluation path pools rows before columns only when the input holds no -0.0; a window whose maximum is
+    a zero of either sign, in every order of its four entries, gets the kernel's sign (the first zero's): here
+    -0.0 at (0, 1) before 0.0 at (1, 0), which the maximum of rows first would turn into 0.0."""
+    from itertools import permutations
+
+    from bench.core.models import MaxPool2d, _has_negative_zero
+
+    windows = sorted(set(permutations([-1.0, -0.0, 0.0, -2.0]))) + sorted(set(permutations([-0.0, -0.0, 0.0, 0.0])))
+    x = torch.tensor(windows, dtype=dtype).view(-1, 1, 2, 2)
+    x = torch.cat([x, torch.full_like(x, 3.0)], dim=1)  # a second channel without zeros
+    with torch.no_grad():
+        fast, ref = MaxPool2d(2)(x), nn.MaxPool2d(2)(x)
+    assert torch.equal(torch.signbit(fast), torch.signbit(ref)) and torch.equal(fast, ref)
+    assert _has_negative_zero(x) and not _has_negative_zero(x.abs()) and not _has_negative_zero(x[:0])
+    assert not _has_negative_zero(torch.tensor([float("nan"), -float("nan"), -1e-45, -float("inf")]))
+    assert _has_negative_zero(torch.tensor([1, 2]))  # no floating type: the exact path
+
+
 def test_every_pooling_model_trains_to_the_same_bits_as_with_torchs_max_pool():
     """Two SGD steps and an evaluation of each model with a max-pool: the same parameters and logits, bit for
     bit, as the same model with its pools replaced by torch's nn.MaxPool2d."""

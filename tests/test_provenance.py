@@ -88,3 +88,19 @@ def test_timing_names_the_cpu_kernels_a_run_used_and_any_isa_cap(tmp_path, monke
     execute(cfg)
     timing = json.loads((run_dir_for(to_container(cfg)) / "timing.json").read_text())
     assert timing["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_collect_reads_a_runs_imports_as_its_config_wrote_them(tmp_path):
+    """``run_imports`` reads the ``imports`` a run's config.yaml lists (written by OmegaConf, as runs write it), so
+    a run of a plug-in method is checked against the plug-in's source too; no list, or no key, is none."""
+    from omegaconf import OmegaConf
+
+    from bench.collect import run_imports
+
+    for i, (cfg, expected) in enumerate([({"imports": ["tests.failing_method", "tests.toy_methods"], "seed": 1},
+                                          ("tests.failing_method", "tests.toy_methods")),
+                                         ({"imports": [], "lr": 1e-3}, ()), ({"seed": 0}, ()), ({}, ())]):
+        run = tmp_path / str(i)
+        run.mkdir()
+        (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+        assert run_imports(run) == expected

@@ -120,9 +120,13 @@ class MaxPool2d(nn.MaxPool2d):
       so values, signs of zeros and the positions backward routes gradients to are the same; the input's
       gradient comes back contiguous, as torch's pool gives it, so the layer before runs its backward on one
       layout (:class:`_Relayout`);
-    - without autograd (evaluation), for a 2 x 2 window of stride 2, takes the running ``torch.maximum`` of the
-      window's four strided views in the kernel's order (0.4 ms), which keeps the first of equal values as the
-      kernel does (-0.0 before 0.0 stays -0.0); a NaN stays a NaN, its sign bit aside.
+    - without autograd (evaluation), for a 2 x 2 window of stride 2, takes maxima of the window's strided views.
+      The kernel keeps the first of equal values, and equal values differ in their bits only when they are zeros
+      of both signs. So when the input holds no -0.0 (one integer minimum over its bits, as almost always), the
+      maximum of the two rows (contiguous, so vectorised) and then of the two columns has the kernel's bits
+      (0.31 ms at the size above; 0.56 ms the other way); with a -0.0 anywhere, the running ``torch.maximum`` of
+      the four views in the kernel's order, which keeps the first of equal values (-0.0 before 0.0 stays -0.0).
+      A NaN stays a NaN, its sign bit aside.
 
     Tests check both against ``nn.MaxPool2d`` bit for bit. The output is contiguous, so the next layer is
     unchanged."""
@@ -139,6 +143,9 @@ class MaxPool2d(nn.MaxPool2d):
             return super().forward(x)  # a symbolic trace (TailorFL's graph analysis) sees the plain max-pool
         if self.two_by_two and not (torch.is_grad_enabled() and x.requires_grad):
             x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]  # floor mode: an odd last row/column drops
+            if not _has_negative_zero(x):  # then equal values have equal bits: any order of maxima is the kernel's
+                rows = torch.maximum(x[..., 0::2, :], x[..., 1::2, :])
+                return torch.maximum(rows[..., 0::2], rows[..., 1::2]).contiguous()
             out = x[..., 0::2, 0::2]
             for view in (x[..., 0::2, 1::2], x[..., 1::2, 0::2], x[..., 1::2, 1::2]):
                 out = torch.maximum(out, view)
@@ -147,6 +154,20 @@ class MaxPool2d(nn.MaxPool2d):
             return super().forward(x).contiguous()
         pooled = super().forward(_Relayout.apply(x, torch.channels_last, torch.contiguous_format))
         return _Relayout.apply(pooled, torch.contiguous_format, torch.channels_last)
+
+
+#: each floating type's signed integer type of the same width
+_SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+                   torch.bfloat16: torch.int16}
+
+
+def _has_negative_zero(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds a -0.0 (True for other types: the caller's exact path). Read as the signed integer of
+    its width, -0.0 (the sign bit alone) is that integer's minimum; a negative number or NaN has more bits set."""
+    as_int = _SAME_WIDTH_INT.get(x.dtype)
+    if as_int is None:
+        return True
+    return x.numel() > 0 and int(x.view(as_int).min()) == torch.iinfo(as_int).min
 
 
 class _Relayout(torch.autograd.Function):
