@@ -8,7 +8,8 @@ needs, then runs the cell's config (a) fresh, as the process's first run, and (b
 as a pool worker runs every config after its first (same config, so the two are the same work; the data source
 is read by the fresh run and shared with the warm ones, as in a worker). Phases are timed
 by wrapping the functions that do them (exclusive time: a nested phase is not counted in its caller), so the
-records are those of a normal run. The table process's own share (composing the cell's config with Hydra, and
+records are those of a normal run. It profiles the code of its own tree (a copy of another commit too: its
+``bench`` comes before any installed one). The table process's own share (composing the cell's config with Hydra, and
 building its partition once in the pre-launch check) is timed here too. ``--wandb-setup`` calls
 ``wandb.setup()`` before the fresh run (a worker that starts W&B's service up front). Medians over the repeats.
 """
@@ -33,6 +34,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# the code of this script's own tree, also when it is a copy of another commit run by the venv of a checkout whose
+# editable install would otherwise import that checkout's bench (the child processes run this file too)
+sys.path.insert(0, str(ROOT))
 SPEC = ROOT / "conf" / "paper" / "fedcac" / "table2.yaml"
 #: the phases of a run, in the order they happen
 RUN_PHASES = ("config validation", "data + partition", "model build", "partition report (CSV + figure)",
