@@ -248,7 +248,7 @@ def orderings(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def run_imports(path: Path) -> tuple[str, ...]:
     """The ``imports`` of a run's config (modules whose source is part of its code identity). Read with libyaml
     where PyYAML has it: a table reads every run's config, and OmegaConf's loader takes 15 times as long."""
-    text = (Path(path) / "config.yaml").read_text()
+    text = RunDir(path).config.read_text()
     cfg = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     return tuple(cfg.get("imports") or ())
 
