@@ -11,6 +11,7 @@ Command line (writes Markdown, LaTeX and CSV from whatever runs exist; nothing i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -23,9 +24,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench.core.records import RunDir, read_jsonl
-from bench.core.summary import pick
+from bench.core.summary import chance_verdict, final_eval, pick
 from bench.provenance import is_stale, run_code
-from bench.spec import Cell, output_columns, paper_numbers
+from bench.spec import PROTOCOL_KEYS, Cell, OutputColumn, output_columns, paper_numbers, row_protocol
 from datasets.partition_report import partition_label
 
 
@@ -89,15 +90,17 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     ``frame.attrs`` also holds the test images per client (``test_images``: min, max over the averaged runs),
     the spec's ``compare`` row against the best other row with paired differences over seeds (``paired``),
     and Kendall's tau between our ordering of the rows and the paper's per column (``ordering``)."""
-    proto = spec["protocol"]
     columns = output_columns(spec, scale)
     per_client = {c.column for c in columns if c.client is not None}
     values: dict[tuple[str, str], dict[int, float]] = {}
     codes: dict[tuple[str, str], set[str | None]] = {}
     stale: dict[tuple[str, str], int] = {}
+    finished: dict[tuple[str, str], int] = {}
     test_images: list[int] = []
     problems = []
     diverged: set[tuple[str, str]] = set()
+    untrained: dict[tuple[str, str], list[str]] = {}  # (row, output column) -> why, per seed
+    unchecked = 0  # runs not judged against chance
     for cell, path in dirs.items():
         run = RunDir(path)
         state = run.summary_state()
@@ -113,9 +116,16 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
             problems.append(f"{state}: {cell.row} | {cell.column} | seed {cell.seed} ({where})")
             continue
         summary = json.loads(run.summary.read_text())
+        proto = row_protocol(spec, cell.row)
         result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
         values.setdefault((cell.row, cell.column), {})[cell.seed] = result["acc"]
-        record = eval_at(path, proto["stage"], result["round"])
+        records = run.records()
+        for name, why in untrained_columns(path, records, proto, cell, columns).items():
+            if name == UNCHECKED:
+                unchecked += 1
+            else:
+                untrained.setdefault((cell.row, name), []).append(why)
+        record = eval_at(path, proto["stage"], result["round"], records=records)
         if record is not None:
             test_images += [n for n in record["n"] if n]
             if cell.column in per_client:
@@ -126,9 +136,14 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
                             values.setdefault((cell.row, column.name), {})[cell.seed] = record["acc"][at]
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
         stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, run_imports(path))
+        finished[(cell.row, cell.column)] = finished.get((cell.row, cell.column), 0) + 1
+    for (row, name), whys in sorted(untrained.items()):
+        problems += [f"did not train: {row} | {name} | {why}" for why in whys]
+        values.pop((row, name), None)  # shown as "did not train", never averaged, ranked or compared
     published = paper_numbers(spec, scale)
     rows = []
     for row in spec["rows"]:
+        proto = row_protocol(spec, row["name"])
         for column in columns:
             if row.get("unavailable") and column.client is None:
                 problems.append(f"not run: {row['name']} | {column.name}: {row['unavailable']}")
@@ -140,18 +155,24 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
             rows.append({"method": row["name"], "column": column.name, "mean": mean, "std": std,
                          "seeds": len(accs), "paper_mean": paper[0] if paper else math.nan,
                          "paper_std": paper[1] if paper and paper[1] is not None else math.nan,
-                         "paper_source": paper[2] if paper else ""})
+                         "paper_source": paper[2] if paper else "",
+                         "protocol": "/".join(proto[k] for k in PROTOCOL_KEYS),
+                         "state": ("diverged" if (row["name"], column.column) in diverged else "did not train"
+                                   if (row["name"], column.name) in untrained else "")})
     frame = pd.DataFrame(rows)
     frame["diff"] = frame["mean"] - frame["paper_mean"]
     frame["beyond_2std"] = (frame["diff"].abs() > 2 * frame["std"]) & frame["std"].notna() & frame["diff"].notna()
     frame.attrs["diverged_cells"] = sorted([row, column] for row, column in diverged)
+    frame.attrs["untrained_cells"] = sorted([row, column] for row, column in untrained)
+    frame.attrs["unchecked_runs"] = unchecked
     stale_cells = [(row, column) for (row, column), count in stale.items() if count or len(codes[(row, column)]) > 1]
     frame.attrs["stale_cells"] = [[row, c.name] for row, column in stale_cells for c in columns if c.column == column]
     frame.attrs["stale"] = [f"{row} | {column}: " + ", ".join(
-        ([f"{stale[(row, column)]} of {len(values[(row, column)])} runs from other code than this tree"]
+        ([f"{stale[(row, column)]} of {finished[(row, column)]} runs from other code than this tree"]
          if stale[(row, column)] else [])
         + (["runs from different code versions"] if len(codes[(row, column)]) > 1 else []))
         for row, column in stale_cells]
+    frame.attrs["row_protocols"] = protocol_notes(spec, dirs)
     frame.attrs["test_images"] = [min(test_images), max(test_images)] if test_images else []
     frame.attrs["seeds"] = sorted({int(n) for n in frame["seeds"] if n})
     frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],
@@ -160,12 +181,108 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     return frame, problems
 
 
-def eval_at(run: Path, stage: str, round_: int, split: str = "test") -> dict[str, Any] | None:
+def eval_at(run: Path, stage: str, round_: int, split: str = "test",
+            records: Sequence[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """A run's evaluation record of one stage and round (None if its records do not have it). A method whose
-    trained model is the model it holds (Local: ``pre_is_post``) records only ``post``, which answers ``pre``."""
-    found = {rec["stage"]: rec for rec in read_jsonl(Path(run) / "rounds.jsonl")
+    trained model is the model it holds (Local: ``pre_is_post``) records only ``post``, which answers ``pre``.
+    ``records``: the run's records when the caller has read them already."""
+    records = read_jsonl(Path(run) / "rounds.jsonl") if records is None else records
+    found = {rec["stage"]: rec for rec in records
              if rec.get("kind") == "eval" and rec["round"] == round_ and rec["split"] == split}
     return found.get(stage, found.get("post") if stage == "pre" else None)
+
+
+#: what each stage evaluates, for the tables' protocol lines
+STAGE_MEANING = {"pre": "each client's model right after its local training",
+                 "post": "the model each client holds after aggregation"}
+
+
+def protocol_notes(spec: dict[str, Any], dirs: dict[Cell, Path]) -> dict[str, str]:
+    """Rows scored otherwise than the table's protocol, or whose scored model is first fine-tuned on the client's
+    training data (the method's ``post_finetune``), each with a sentence saying how (from the row's run configs)."""
+    from bench.core.engine import METHODS
+
+    notes = {}
+    for row in spec["rows"]:
+        proto = row_protocol(spec, row["name"])
+        configs = [p / "config.yaml" for c, p in dirs.items() if c.row == row["name"] and (p / "config.yaml").exists()]
+        cfg = run_config(configs[0].parent) if configs else {}
+        method = cfg.get("method", {})
+        tuned_by = METHODS.get(method["name"]).post_finetune if method.get("name") in METHODS else None
+        finetune = (f"; the model is first fine-tuned for {method[tuned_by]} epochs on the client's training data "
+                    f"(method.{tuned_by})" if proto["stage"] == "post" and tuned_by and method.get(tuned_by) else "")
+        if proto != spec["protocol"] or finetune:
+            notes[row["name"]] = (f"stage={proto['stage']} ({STAGE_MEANING[proto['stage']]}), "
+                                  f"selection={proto['selection']}, weighting={proto['weighting']}{finetune}")
+    return notes
+
+
+def client_test_counts(run: Path) -> dict[int, list[int]] | None:
+    """Test images per class of each client: from the run's partition report, else (runs committed without it)
+    from its partition built again from its config; None if neither can be had."""
+    path = Path(run) / "partition" / "class_counts.csv"
+    if not path.exists():
+        return rebuilt_test_counts(json.dumps(run_config(run), sort_keys=True, default=str))
+    counts = pd.read_csv(path)
+    test = counts[counts["part"] == "test"]
+    classes = [c for c in counts.columns if c.startswith("class_")]
+    return {int(r["client"]): [int(r[c]) for c in classes] for _, r in test.iterrows()}
+
+
+@functools.lru_cache(maxsize=64)
+def rebuilt_test_counts(config: str) -> dict[int, list[int]] | None:
+    """Test images per class of each client of the partition a run's config (JSON) describes, built again from its
+    data (the partition cache answers when it has it); None when the data is not here."""
+    from bench.core.data import load_sources, partition_sources, sharing_sources
+
+    cfg = json.loads(config)
+    try:
+        with sharing_sources():
+            labels, partition = partition_sources(
+                *load_sources(cfg["dataset"], cfg.get("data_root")), str(cfg["dataset"]["name"]), cfg["partition"],
+                num_clients=int(cfg["num_clients"]), data_seed=int(cfg["data_seed"]), cache_dir=cfg.get("cache_dir"))
+    except (OSError, ValueError, KeyError):  # data missing here, a partition that cannot be built, an unknown source
+        return None
+    import torch
+
+    pool = torch.cat([labels.train_labels, labels.test_labels])
+    return {k: torch.bincount(pool[c.test], minlength=labels.num_classes).tolist()
+            for k, c in enumerate(partition.clients)}
+
+
+@functools.cache
+def default_chance_z() -> float:
+    """``eval.chance_z`` of ``conf/config.yaml``, for runs whose config predates the key."""
+    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
+    return float(base["eval"]["chance_z"])
+
+
+#: the key under which :func:`untrained_columns` reports a run it could not judge
+UNCHECKED = ""
+
+
+def untrained_columns(run: Path, records: Sequence[dict[str, Any]], proto: dict[str, str], cell: Cell,
+                      columns: Sequence[OutputColumn]) -> dict[str, str]:
+    """The output columns of ``cell`` in which its run did not train (its final accuracy at the row's stage is not
+    above chance: :func:`bench.core.summary.chance_verdict`), each with the reason; the spec column itself is
+    judged on the mean over clients, a per-client column on that client alone. A run that cannot be judged (no
+    partition report or final record, or ``eval.chance_z=null``) is reported under :data:`UNCHECKED`."""
+    final = final_eval(records, proto["stage"])
+    counts = client_test_counts(run)
+    z = run_config(run).get("eval", {}).get("chance_z", default_chance_z())
+    if final is None or counts is None or z is None:
+        return {UNCHECKED: f"seed {cell.seed} ({run})"}
+    verdict = chance_verdict(final, counts, proto["weighting"], float(z))
+    out = {}
+    for column in columns:
+        if column.column != cell.column:
+            continue
+        judged = verdict if column.client is None else verdict["clients"].get(str(column.client))
+        if judged and judged["verdict"] == "did not train":
+            out[column.name] = (f"seed {cell.seed}: final accuracy {judged['acc']:.2f} (round {final['round']}, "
+                                f"{proto['stage']}) is not above chance {judged['chance']:.2f} + margin = "
+                                f"{judged['threshold']:.2f} ({run})")
+    return out
 
 
 def paired_differences(compare: str | None, values: dict[tuple[str, str], dict[int, float]], columns: Sequence[str],
@@ -245,12 +362,16 @@ def orderings(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def run_imports(path: Path) -> tuple[str, ...]:
-    """The ``imports`` of a run's config (modules whose source is part of its code identity). Read with libyaml
-    where PyYAML has it: a table reads every run's config, and OmegaConf's loader takes 15 times as long."""
+def run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.yaml`` as plain data. Read with libyaml where PyYAML has it: a table reads every run's
+    config, and OmegaConf's loader takes 15 times as long."""
     text = RunDir(path).config.read_text()
-    cfg = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    return tuple(cfg.get("imports") or ())
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
+def run_imports(path: Path) -> tuple[str, ...]:
+    """The ``imports`` of a run's config (modules whose source is part of its code identity)."""
+    return tuple(run_config(path).get("imports") or ())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -48,7 +48,9 @@ def wide_table(frame: pd.DataFrame, scale: str) -> pd.DataFrame:
         cells = wide.setdefault(r.method, {})
         flag = " ⚑" if r.beyond_2std and scale == "paper" else ""
         flag += " ‡" if (r.method, r.column) in stale else ""
-        ours = "diverged" if [r.method, r.column] in frame.attrs.get("diverged_cells", []) else _fmt(r.mean, r.std)
+        ours = ("diverged" if [r.method, r.column] in frame.attrs.get("diverged_cells", [])
+                else "did not train" if [r.method, r.column] in frame.attrs.get("untrained_cells", [])
+                else _fmt(r.mean, r.std))
         cells[f"{r.column} (ours)"] = ours + flag
         secondary = is_secondary(getattr(r, "paper_source", "")) and not math.isnan(r.paper_mean)
         cells[f"{r.column} (paper)"] = _fmt(r.paper_mean, r.paper_std) + (" §" if secondary else "")
@@ -99,15 +101,24 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
     protocol = (f"Protocol: stage={proto['stage']}, selection={proto['selection']}, weighting={proto['weighting']}; "
                 "mean ± std over seeds (per-cell seed counts in the CSV)."
                 + (sample_sizes(frame) if frame is not None else ""))
+    unchecked = frame.attrs.get("unchecked_runs", 0) if frame is not None else 0
+    if unchecked:
+        protocol += (f" {unchecked} runs were not checked against chance (no partition report or final evaluation, "
+                     "or eval.chance_z=null): a cell at chance among them would show as a number.")
+    rows = frame.attrs.get("row_protocols", {}) if frame is not None else {}
+    if rows:
+        protocol += " Rows scored differently or after fine-tuning: " + "; ".join(
+            f"{row}: {text}" for row, text in rows.items()) + "."
+    notes = list(spec.get("notes") or [])  # the spec's own caption lines (e.g. where the code overrides the text)
     if not has_paper:
-        return [*lines, protocol]
+        return [*lines, protocol, *notes]
     lines += [protocol + " (paper) columns are the published numbers" + (
         "; ⚑ marks a difference above two of our standard deviations." if scale == "paper" else ".")]
     secondary = secondary_sources(frame) if frame is not None else []
     if secondary:
         lines += [f"§ The paper's number comes from a secondary source ({', '.join(secondary)}), not from the "
                   "paper's text: a transcription that has not been checked against the paper."]
-    return lines
+    return [*lines, *notes]
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -203,7 +214,8 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
     if tuned:
         lines += [f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", *[f"- {t}" for t in tuned], ""]
     if problems:
-        lines += ["Not averaged in (missing, failed, diverged or partial runs):", *[f"- {p}" for p in problems], ""]
+        lines += ["Not averaged in (missing, failed, diverged, did not train, or partial runs):",
+                  *[f"- {p}" for p in problems], ""]
     if frame.attrs.get("stale"):
         lines += ["‡ Averaged in, but computed by other code than this tree (`--rerun-stale` reruns them):",
                   *[f"- {s}" for s in frame.attrs["stale"]], ""]
@@ -236,6 +248,8 @@ def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems:
     write_markdown_and_latex(spec, scale, frame, problems, base)
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
     stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
+    stats["row_protocols"] = frame.attrs.get("row_protocols", {})
+    stats["unchecked_runs"] = frame.attrs.get("unchecked_runs", 0)
     atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
     return base.with_suffix(".md")
 
@@ -253,7 +267,7 @@ def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = 
         raise FileNotFoundError(f"{base.with_suffix('.csv')} does not exist: write the table first "
                                 f"(python -m bench.table <spec> --scale {scale})")
     old = base.with_suffix(".md").read_text() if base.with_suffix(".md").exists() else ""
-    if "‡" in old or "Not averaged in" in old or "| diverged" in old:
+    if "‡" in old or "Not averaged in" in old or "| diverged" in old or "| did not train" in old:
         raise ValueError(f"{base.with_suffix('.md')} has stale, diverged or unaveraged cells, which its CSV does not "
                          "record: re-collect it from the runs with python -m bench.table instead")
     frame = pd.read_csv(base.with_suffix(".csv"))
@@ -264,7 +278,7 @@ def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = 
             entries = [{k: math.nan if k in _NUMERIC_STATS and v is None else v for k, v in e.items()}
                        for e in entries]
         frame.attrs[key] = entries
-    frame.attrs.update(stale_cells=[], diverged_cells=[], stale=[])
+    frame.attrs.update(stale_cells=[], diverged_cells=[], untrained_cells=[], stale=[])
     write_markdown_and_latex(spec, scale, frame, [], base)
     return base.with_suffix(".md")
 

@@ -36,7 +36,7 @@ from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
-from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
+from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, final_eval, pick
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
 from datasets.partition import PARTITIONERS
@@ -45,7 +45,7 @@ from datasets.sources import SOURCES
 
 #: config keys that do not change what is computed (excluded from the run's identity)
 NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "cache_dir", "imports",
-                "data_root", "hydra", "dataset.root", "dataset.download", "partition.path")
+                "data_root", "hydra", "dataset.root", "dataset.download", "partition.path", "eval.chance_z")
 
 
 #: config keys added after runs existed, left out of a run's identity while they have no effect, so that those
@@ -194,6 +194,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "capacity": capacities,
         "protocol": dict(primary),
         "primary": dict(pick(results, primary["stage"], primary["selection"], primary["weighting"])),
+        "trained": training_verdict(conf, data, run.records()),
         "results": results,
     }
     atomic_write_json(run.summary, summary)
@@ -203,6 +204,21 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     for cb in callbacks:
         cb.on_end(summary)
     return summary
+
+
+def training_verdict(conf: Mapping[str, Any], data: FederatedData,
+                     records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Whether the run's final evaluation at the primary protocol's stage and weighting is above chance
+    (:func:`bench.core.summary.chance_verdict`, margin ``eval.chance_z``); None without such a record or with
+    ``eval.chance_z=null``."""
+    primary, z = conf["eval"]["primary"], conf["eval"]["chance_z"]
+    record = final_eval(records, primary["stage"])
+    if record is None or z is None:
+        return None
+    labels = data.labels.cpu()
+    counts = {c: torch.bincount(labels[s["test"].cpu()], minlength=data.num_classes).tolist()
+              for c, s in enumerate(data.splits)}
+    return chance_verdict(record, counts, primary["weighting"], float(z))
 
 
 def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:

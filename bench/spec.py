@@ -44,6 +44,25 @@ def scale_columns(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
     return [c for c in spec["columns"] if c["name"] in names]
 
 
+#: what a protocol names: the model evaluated (stage), the round reported (selection), the mean over clients
+PROTOCOL_KEYS = ("stage", "selection", "weighting")
+
+
+def row_protocol(spec: dict[str, Any], row: str) -> dict[str, str]:
+    """The evaluation protocol of a row: the table's ``protocol``, with the row's own ``protocol:`` keys over it
+    (e.g. FedSelect's FedAvg row scores the global model, ``protocol: {stage: post}``, as its paper does)."""
+    found = next((r for r in spec["rows"] if r["name"] == row), None)
+    if found is None:
+        raise ValueError(f"table {spec['paper']}/{spec['table']} has no row {row!r}")
+    return {**spec["protocol"], **(found.get("protocol") or {})}
+
+
+def differing_protocols(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Rows whose protocol differs from the table's, with their protocol (in row order)."""
+    protocols = {row["name"]: row_protocol(spec, row["name"]) for row in spec["rows"]}
+    return {name: proto for name, proto in protocols.items() if proto != spec["protocol"]}
+
+
 @dataclass(frozen=True)
 class Cell:
     row: str
@@ -66,7 +85,14 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
         if key not in spec:
             raise ValueError(f"table spec {path} lacks the key {key!r}")
+    notes = spec.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ValueError(f"table spec {path}: notes is {notes!r}: give a list of sentences (caption lines)")
     rows = [row.get("name") for row in spec["rows"]]
+    for where, proto in [("protocol", spec["protocol"]),
+                         *((f"row {row.get('name')!r}: protocol", row["protocol"]) for row in spec["rows"]
+                           if row.get("protocol") is not None)]:
+        check_protocol(proto, f"table spec {path}, {where}", full=where == "protocol")
     if spec.get("compare") is not None and spec["compare"] not in rows:
         raise ValueError(f"table spec {path}: compare={spec['compare']!r} is not a row; use one of {rows}")
     for scale in SCALES:
@@ -94,6 +120,23 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     return spec  # type: ignore[return-value]
 
 
+def check_protocol(proto: Any, where: str, full: bool) -> None:
+    """A protocol block names only stage / selection / weighting with allowed values (``full``: all three)."""
+    from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS
+
+    allowed = dict(zip(PROTOCOL_KEYS, (STAGES, SELECTIONS, WEIGHTINGS), strict=True))
+    if not isinstance(proto, dict):
+        raise ValueError(f"{where} is {proto!r}: give a mapping, e.g. {{stage: post}}")
+    unknown = sorted(set(proto) - set(allowed))
+    missing = sorted(set(allowed) - set(proto)) if full else []
+    if unknown or missing:
+        raise ValueError(f"{where} has key(s) {unknown or missing} that a protocol "
+                         f"{'does not have' if unknown else 'needs'}; a protocol names {list(PROTOCOL_KEYS)}")
+    for key, value in proto.items():
+        if value not in allowed[key]:
+            raise ValueError(f"{where}: {key}={value!r} is invalid: use one of {list(allowed[key])}")
+
+
 def label(spec: dict[str, Any]) -> str:
     """``table2`` for a numbered table ("2"), the name itself otherwise (``fig3``, ``demo``)."""
     name = str(spec["table"])
@@ -110,11 +153,8 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
         raise ValueError(f"table {spec['paper']}/{spec['table']} has no {scale} scale: add scales.{scale} to its spec "
                          "or use another --scale")
     seeds = list(seeds if seeds is not None else mini.get("seeds", spec["seeds"]))
-    proto = spec["protocol"]
-    common = [*spec.get("base", []), *mini.get("base", []),
-              f"eval.primary.stage={proto['stage']}", f"eval.primary.selection={proto['selection']}",
-              f"eval.primary.weighting={proto['weighting']}",
-              f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
+    common = [*spec.get("base", []), *mini.get("base", [])]
+    placed = [f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
     cells = []
     for column in scale_columns(spec, scale):
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
@@ -131,9 +171,12 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
                          *mini.get("rows_by_dataset", {}).get(row["name"], {}).get(column["dataset"], []),
                          *mini.get("rows_by_column", {}).get(row["name"], {}).get(column["name"], []),
                          *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
+            proto = row_protocol(spec, row["name"])
+            scored = [f"eval.primary.{key}={proto[key]}" for key in PROTOCOL_KEYS]
             for seed in seeds:
-                overrides = (*common, f"dataset={dataset}", *data_extra, f"model={model}", *column.get("overrides", []),
-                             *column_extra, *row["overrides"], *row_extra, *extra, f"seed={seed}")
+                overrides = (*common, *scored, *placed, f"dataset={dataset}", *data_extra, f"model={model}",
+                             *column.get("overrides", []), *column_extra, *row["overrides"], *row_extra, *extra,
+                             f"seed={seed}")
                 cells.append(Cell(row["name"], column["name"], seed, overrides))
     return cells
 

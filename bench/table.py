@@ -14,6 +14,7 @@ A table spec (YAML)::
     seeds: [0, 1, 2, 3, 4]
     base: [num_clients=40, ...]                  # Hydra overrides for every cell
     compare: FedCAC                              # optional: this row minus the best other, paired over seeds
+    notes: ["Code over text: ..."]               # optional: caption lines (e.g. where the official code decides)
     columns:                                     # one per result column
       - {name: "CIFAR-10 a=0.1", dataset: cifar10, model: resnet8,
          overrides: [partition=dirichlet, partition.alpha=0.1], paper: {dataset: cifar10, setting: dir-0.1}}
@@ -34,6 +35,11 @@ A table spec (YAML)::
         per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
         by_dataset: {cifar100: [partition.n_train=40]}  # appended after the column's overrides, by its paper data set
         column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # then by column name
+
+A row may carry its own ``protocol: {stage: post}`` (any of stage, selection, weighting) over the table's: its cells
+run and are scored with it, and the caption names every row scored otherwise (``bench.spec.row_protocol``).
+A run whose final accuracy is not above chance (``bench.core.summary.chance_verdict``) shows as "did not train",
+is listed, and makes the command exit non-zero, like a failed or diverged run.
 
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
@@ -62,7 +68,7 @@ from bench.wandb_tables import after_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The table command; returns the exit status (1 when any cell failed, diverged or is missing)."""
+    """The table command; returns the exit status (1 when any cell failed, diverged, did not train or is missing)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini", choices=SCALES)
@@ -103,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sorted({c.seed for c in cells}))
     unfinished = [p for p in problems if not p.startswith("not run: ")]
     if unfinished:
-        print(f"{len(unfinished)} of {len(dirs)} cells did not finish (failed, diverged, partial or missing); the "
-              "table lists them", file=sys.stderr, flush=True)
+        print(f"{len(unfinished)} of {len(dirs)} runs did not finish (failed, diverged, partial or missing) or did "
+              "not train (final accuracy not above chance); the table lists them", file=sys.stderr, flush=True)
         return 1
     return 0
 

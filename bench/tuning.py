@@ -84,7 +84,8 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
         value = math.nan
         if run.is_complete():
             summary = json.loads(run.summary.read_text())
-            value = pick(summary["results"], proto["stage"], "best_val", proto["weighting"])["val_acc"]
+            scored = summary["protocol"]  # the row's own stage and weighting (bench.spec.row_protocol)
+            value = pick(summary["results"], scored["stage"], "best_val", scored["weighting"])["val_acc"]
         scores.setdefault((cell.row, cell.column), []).append(value)
     tuned = copy.deepcopy(spec)
     report: list[dict[str, Any]] = []

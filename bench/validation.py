@@ -83,6 +83,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.grad_clip": _optional(_real(lambda v: v > 0, "a finite number > 0")),
     "eval.every": _int(1),
     "eval.batch_size": _int(1),
+    "eval.chance_z": _optional(_real(lambda v: v >= 0, "a finite number >= 0 (null: no verdict)")),
     "checkpoint.every_rounds": _int(1),
     "checkpoint.every_seconds": _real(lambda v: v > 0, "a number of seconds > 0"),
     "logger.wandb.mode": _one_of("offline", "online", "disabled"),

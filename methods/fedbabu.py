@@ -35,6 +35,7 @@ def named_params(model: FlatModel, part: str) -> list[torch.nn.Parameter]:
 @METHODS.register("fedbabu")
 class FedBABU(FedAvg):
     Hyper = FedBABUHyper
+    post_finetune = "finetune_epochs"
 
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         return self.local_sgd(task, model, params=named_params(model, "body"))

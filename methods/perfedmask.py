@@ -105,6 +105,7 @@ def masking_vectors(block_sizes: Sequence[int], budgets: Sequence[float]) -> tor
 @METHODS.register("perfedmask")
 class PerFedMask(Method):
     Hyper = PerFedMaskHyper
+    post_finetune = "finetune_epochs"
 
     def setup(self, init: torch.Tensor) -> None:
         worker, n = self.fed.worker, self.fed.num_clients

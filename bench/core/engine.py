@@ -139,6 +139,9 @@ class Method:
     #: True when the locally trained model is the model the client holds (nothing is aggregated): only ``post``
     #: is evaluated and its results also answer ``pre`` protocols
     pre_is_post: ClassVar[bool] = False
+    #: the hyperparameter giving the epochs a ``post`` evaluation first fine-tunes the client's model on its
+    #: training data (FedBABU, PerFedMask), or None; tables name it in their protocol lines
+    post_finetune: ClassVar[str | None] = None
 
     def __init__(self, fed: Federation, hp: Any) -> None:
         self.fed = fed

@@ -14,6 +14,7 @@ Ties in a selection go to the earliest round.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -92,3 +93,53 @@ def pick(results: Sequence[Mapping[str, Any]], stage: str, selection: str, weigh
             return r
     have = sorted({(r["stage"], r["selection"], r["weighting"]) for r in results})
     raise KeyError(f"no result for protocol ({stage}, {selection}, {weighting}); this run has {have}")
+
+
+def chance_verdict(record: Mapping[str, Any], test_counts: Mapping[int, Sequence[int]], weighting: str,
+                   z: float) -> dict[str, Any]:
+    """Whether an evaluation record is above chance: "trained" or "did not train".
+
+    Chance is the best constant prediction: the class ``c`` maximising ``sum_k w_k n_kc / n_k`` over the record's
+    clients ``k`` (``test_counts[k]``: test images per class), with ``w_k = 1/K`` for the ``unweighted`` mean of the
+    clients' accuracies and ``w_k = n_k / N`` for the ``weighted`` one (then it is the pooled test set's majority class
+    rate). The margin is ``z`` binomial standard errors of that constant predictor's score,
+    ``sqrt(sum_k w_k^2 p_k (1 - p_k) / n_k)`` with ``p_k = n_kc / n_k``. A record whose accuracy is not above
+    chance + margin did not train. Also per client (each against its own majority class rate), for tables whose
+    columns are single clients (``clients``)."""
+    clients = [k for k, n in zip(record["clients"], record["n"], strict=True) if n]
+    counts = {k: [int(v) for v in test_counts[k]] for k in clients}
+    sizes = {k: sum(counts[k]) for k in clients}
+    total = sum(sizes.values())
+    weights = {k: (sizes[k] / total if weighting == "weighted" else 1 / len(clients)) for k in clients}
+    num_classes = len(next(iter(counts.values()))) if counts else 0
+
+    def constant_score(c: int) -> float:
+        return sum(weights[k] * counts[k][c] / sizes[k] for k in clients)
+
+    best = max(range(num_classes), key=constant_score) if num_classes else 0
+    chance = 100.0 * constant_score(best) if num_classes else float("nan")
+    margin = 100.0 * z * math.sqrt(sum(weights[k] ** 2 * (p := counts[k][best] / sizes[k]) * (1 - p) / sizes[k]
+                                       for k in clients))
+    acc = record["weighted_acc" if weighting == "weighted" else "mean_acc"]
+    per_client = {}
+    for k, a in zip(record["clients"], record["acc"], strict=True):
+        if k not in counts:
+            continue
+        p = max(counts[k]) / sizes[k]
+        threshold = 100.0 * (p + z * math.sqrt(p * (1 - p) / sizes[k]))
+        per_client[str(k)] = {"acc": a, "chance": 100.0 * p, "threshold": threshold,
+                              "verdict": "trained" if a > threshold else "did not train"}
+    return {"verdict": "trained" if acc > chance + margin else "did not train", "round": record["round"],
+            "stage": record["stage"], "weighting": weighting, "acc": acc, "chance": chance,
+            "threshold": chance + margin, "z": z, "clients": per_client}
+
+
+def final_eval(records: Sequence[Mapping[str, Any]], stage: str, split: str = "test") -> Mapping[str, Any] | None:
+    """The last evaluation record of ``stage`` and ``split`` (a method that records only ``post`` because its trained
+    model is the model it holds answers ``pre`` with it); None if there is none."""
+    found = {}
+    for r in records:
+        if r.get("kind") == "eval" and r["split"] == split:
+            found.setdefault(r["stage"], {})[r["round"]] = r
+    by_round = found.get(stage) or (found.get("post") if stage == "pre" else None)
+    return by_round[max(by_round)] if by_round else None
