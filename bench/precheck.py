@@ -130,7 +130,8 @@ def dry_build(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> Dry
                 names = cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]
                 lacking = missing_counts(names)
                 absent = str(err).splitlines()[0].removesuffix(" Looked in:")
-                labels[key] = ((None, f"{absent} and {lacking} have no label counts (datasets/label_counts.py)")
+                labels[key] = ((None, f"{absent.rstrip('.')}, and {lacking} have no label counts "
+                                         "(datasets/label_counts.py)")
                                if lacking else (label_info_from_counts(names), FROM_COUNTS))
         return labels[key]
 
