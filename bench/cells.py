@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from bench.compose import sharing_compositions
 from bench.core.records import RunDir, atomic_write_text
 from bench.launch import Outcome, launch, load_launcher
-from bench.precheck import check_inputs
+from bench.precheck import CellsError, check_inputs, dry_build
 from bench.provenance import is_stale, run_code
 from bench.run import run_dir_for, validate
 from bench.spec import Cell, cell_config
@@ -90,7 +90,9 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     """Compose and validate every cell first, check the data of the missing ones (``precheck``), then launch
     them, with a :class:`TableProgress` line on a terminal (``quiet``: none). ``rerun_stale``: finished runs
     computed by other code than this tree's are set aside (moved under ``<out_dir>/.stale/``, never deleted) and
-    run again."""
+    run again. ``dry_run``: launch nothing; with ``precheck``, build every cell's partition (every cell, finished
+    or not: :func:`bench.precheck.dry_build`) and raise :class:`CellsError` naming each cell that cannot be
+    built."""
     launcher = launcher or load_launcher("inline")
     configs = {}
     with sharing_compositions():  # the cells' few distinct config-group choices are composed once each
@@ -104,7 +106,15 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     missing = [c for c in cells if not RunDir(dirs[c]).is_complete()]
     print(f"{len(cells)} cells, {len(cells) - len(missing)} finished, {len(missing)} to run"
           + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
-    if dry_run or not missing:
+    if dry_run:
+        if precheck:
+            report = dry_build(cells, configs)
+            print(report.summary(), flush=True)
+            if report.problems:
+                raise CellsError(f"{len(report.problems)} of {len(cells)} cells cannot be built:\n"
+                                 + "\n".join(f"- {p}" for p in report.problems))
+        return dirs
+    if not missing:
         return dirs
     if precheck:
         check_inputs(missing, configs)

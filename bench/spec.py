@@ -24,10 +24,14 @@ SCALES = ("mini", "medium", "paper")
 SCALE_FOLDERS = {"mini": "", "medium": "medium", "paper": "paper-scale"}
 
 
+#: what a ``scales.paper`` block may set: overrides on the paper's own setup, never stand-in data or models
+PAPER_BLOCK_KEYS = ("base", "by_dataset", "column_overrides", "rows", "rows_by_dataset", "rows_by_column")
+
+
 def scale_block(spec: dict[str, Any], scale: str) -> dict[str, Any]:
-    """The spec's ``scales.<scale>`` block (mini: embedded stand-ins; medium: real data, fewer rounds); the paper
-    scale has none."""
-    return {} if scale == "paper" else spec.get("scales", {}).get(scale, {})
+    """The spec's ``scales.<scale>`` block (mini: embedded stand-ins; medium: real data, fewer rounds; paper,
+    optional: overrides that apply at the paper scale only, :data:`PAPER_BLOCK_KEYS`)."""
+    return spec.get("scales", {}).get(scale, {})
 
 
 def scale_columns(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
@@ -97,6 +101,10 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"table spec {path}: compare={spec['compare']!r} is not a row; use one of {rows}")
     for scale in SCALES:
         output_columns(spec, scale)  # per_client entries well-formed, column names unique
+    odd = sorted(set(scale_block(spec, "paper")) - set(PAPER_BLOCK_KEYS))
+    if odd:
+        raise ValueError(f"table spec {path}: scales.paper sets {odd}; the paper scale runs the paper's data, model "
+                         f"and seeds, so its block may set only {list(PAPER_BLOCK_KEYS)}")
     names = {column["name"] for column in spec["columns"]}
     for row in spec["rows"]:
         unknown_columns = set(row.get("by_column", {})) - names

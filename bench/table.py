@@ -2,6 +2,8 @@
 
 Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
 [--seeds 0 1] [--dry-run] [--quiet] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
+``--dry-run`` runs nothing but builds every cell's partition for every seed, from the official label counts where
+the data is absent (``bench.precheck.dry_build``), and exits 1 naming each cell that cannot be built.
 On a terminal a progress line shows runs done / total, failures and an ETA (``--quiet``: none).
 
 A table spec (YAML)::
@@ -35,6 +37,8 @@ A table spec (YAML)::
         per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
         by_dataset: {cifar100: [partition.n_train=40]}  # appended after the column's overrides, by its paper data set
         column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # then by column name
+      paper:                                     # optional: at the paper scale only (no stand-ins: base, by_dataset,
+        base: [+partition.test_pool=class]       # column_overrides, rows, rows_by_dataset, rows_by_column)
 
 A row may carry its own ``protocol: {stage: post}`` (any of stage, selection, weighting) over the table's: its cells
 run and are scored with it, and the caption names every row scored otherwise (``bench.spec.row_protocol``).
@@ -61,6 +65,7 @@ from collections.abc import Sequence
 from bench.cells import run_cells
 from bench.collect import collect
 from bench.launch import load_launcher
+from bench.precheck import CellsError
 from bench.render import write_table
 from bench.spec import SCALES, expand, load_spec
 from bench.tuning import tune
@@ -76,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--out-dir", default="runs", help="where run directories go")
     parser.add_argument("--results", default="results", help="where tables go")
-    parser.add_argument("--dry-run", action="store_true", help="validate and count cells, run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="compose and validate every cell and build its partition for every seed (from the "
+                             "data, else from the data sets' official label counts), run nothing; exits 1 naming "
+                             "each cell that cannot be built (with --no-precheck: compose and validate only)")
     parser.add_argument("--rerun-stale", action="store_true",
                         help="rerun finished cells computed by other code than this tree's (they are reused and "
                              "marked by default; the old runs are moved under <out-dir>/.stale/)")
@@ -98,8 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if spec.get("tuning") and not args.dry_run:
         spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
     cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
-    dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
-                     precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet)
+    try:
+        dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
+                         precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet)
+    except CellsError as err:
+        print(err, file=sys.stderr, flush=True)
+        return 1
     if args.dry_run:
         return 0
     frame, problems = collect(spec, args.scale, dirs)

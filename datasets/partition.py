@@ -13,7 +13,9 @@ Schemes (``make_partition(scheme, labels, num_clients, seed, **params)``):
 ``dirichlet``      FedCAC (Sec. 4.1): q_i ~ Dir(alpha * 1) (``prior="uniform"``) or Dir(alpha * p)
                    (``prior="class_prior"``); the same q_i sizes the train and the test part
 ``shards``         LG-FedAvg / FedRep / FedSelect (Sec. 5): ``shards_per_client`` shards of
-                   ``num_users`` users; optional ``train_per_class`` / ``test_per_class`` truncation
+                   ``num_users`` users; optional ``train_per_class`` / ``test_per_class`` truncation;
+                   ``test_pool="class"``: ``test_per_class`` test samples of each of the client's classes
+                   from the class's whole test split (disjoint between clients) instead of its shards
 ``dirichlet_hsu``  the whole train split over clients, per class Dir(alpha) (Hsu et al., 2019)
 ``classes_per_client``  ``k`` classes per client, each class's samples shared evenly by its holders
 ``iid``            train split shuffled and dealt equally
@@ -90,6 +92,7 @@ class Scheme:
 
 PARTITIONERS: Registry[Scheme] = Registry("partition scheme")
 TEST_MODES = ("matched", "holdout")
+SHARD_TEST_POOLS = ("shard", "class")  # shards: a client's test samples from its shards, or from its classes' splits
 
 
 def scheme(name: str, **defaults: Any) -> Callable:
@@ -165,7 +168,8 @@ def _split_evenly(total: int, parts: int) -> list[int]:
 
 
 class _Sampler:
-    """Draws per-class samples; with ``overlap`` clients draw independently, otherwise from what is left."""
+    """Draws per-class samples; with ``overlap`` clients draw independently (with replacement only when a client
+    needs more of a class than it has, as FedCAC's code), otherwise from what is left."""
 
     def __init__(self, by_class: list[np.ndarray], overlap: bool, what: str, param: str) -> None:
         self.left = [c.copy() for c in by_class]
@@ -173,6 +177,12 @@ class _Sampler:
 
     def take(self, rng: np.random.Generator, cls: int, count: int, client: int, value: Any) -> np.ndarray:
         pool = self.left[cls]
+        if count > len(pool) and self.overlap and len(pool):
+            # FedCAC's code (Fling, fling/utils/data_utils/sampling.py: dirichlet_sampling and pathological_sampling)
+            # draws a class with replacement when a client needs more of it than the class has
+            # (replace=(select_num > len(idxs_classes[j]))): Tiny-ImageNet's 50 test images per class under Dir(0.01).
+            # Only here, where a draw without replacement is impossible, so every other partition is unchanged.
+            return pool[rng.choice(len(pool), size=count, replace=True)]
         if count > len(pool):
             have = "has" if self.overlap else "has left"
             raise fail(self.param, value, f"client {client} needs {count} {self.what} samples of class {cls} but "
@@ -264,9 +274,10 @@ def _dirichlet(data: PartitionData, num_clients: int, rng: np.random.Generator, 
 
 
 # ------------------------------------------------------------------------------------- shards
-@scheme("shards", shards_per_client=2, num_users=None, train_per_class=None, test_per_class=None)
+@scheme("shards", shards_per_client=2, num_users=None, train_per_class=None, test_per_class=None, test_pool="shard")
 def _shards(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     s = _positive_int(p, "shards_per_client")
+    test_pool = _choice(p, "test_pool", SHARD_TEST_POOLS)
     users = num_clients if p["num_users"] is None else _positive_int(p, "num_users")
     if users < num_clients:
         raise fail("num_users", users, f"it must be >= num_clients ({num_clients}): clients are drawn from users")
@@ -278,6 +289,9 @@ def _shards(data: PartitionData, num_clients: int, rng: np.random.Generator, p: 
     if per_class > small:
         raise fail("shards_per_client", s, f"{per_class} shards per class but a class has only {small} samples")
     train_cap, test_cap = _optional_count(p, "train_per_class"), _optional_count(p, "test_per_class")
+    if test_pool == "class" and test_cap is None:
+        raise fail("test_pool", test_pool, "test images drawn from the class's whole test split need a count: set "
+                   "partition.test_per_class")
     train_shards = [np.array_split(rng.permutation(c), per_class) for c in data.train_by_class]
     test_shards = [np.array_split(rng.permutation(c), per_class) for c in data.test_by_class]
     order = rng.permutation(data.num_classes * per_class)  # shard ids, dealt s per user
@@ -295,7 +309,31 @@ def _shards(data: PartitionData, num_clients: int, rng: np.random.Generator, p: 
             np.concatenate([np.concatenate(tr[c])[:train_cap] for c in sorted(tr)]),
             np.concatenate([np.concatenate(te[c])[:test_cap] for c in sorted(te)]),
         ))
+    if test_pool == "class":
+        classes = [np.unique(data.label(train)) for train, _ in parts]
+        tests = _class_pool_tests(data, classes, test_cap, rng)
+        parts = [(train, test) for (train, _), test in zip(parts, tests, strict=True)]
     return parts
+
+
+def _class_pool_tests(data: PartitionData, classes: list[np.ndarray], per_class: int,
+                      rng: np.random.Generator) -> list[np.ndarray]:
+    """``per_class`` test samples of each of a client's ``classes``, from the class's whole test split and disjoint
+    between clients: each class's test split is shuffled once and dealt out in client order."""
+    tests: list[list[np.ndarray]] = [[] for _ in classes]
+    for c in range(data.num_classes):
+        holders = [i for i, held in enumerate(classes) if c in held]
+        if not holders:
+            continue
+        pool = data.test_by_class[c]
+        if len(holders) * per_class > len(pool):
+            raise fail("test_per_class", per_class, f"{len(holders)} clients hold class {c} and {len(holders)} x "
+                       f"{per_class} exceed its {len(pool)} test samples (test_pool=class keeps them disjoint); "
+                       "lower test_per_class")
+        dealt = rng.permutation(pool)
+        for k, i in enumerate(holders):
+            tests[i].append(dealt[k * per_class:(k + 1) * per_class])
+    return [np.concatenate(t) if t else np.empty(0, np.int64) for t in tests]
 
 
 # ------------------------------------------------------------------ whole-split partitions

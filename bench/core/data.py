@@ -207,6 +207,36 @@ def _load_sources(names: Sequence[str], root: str | None, kwargs: Mapping[str, A
     return train, test
 
 
+def source_labels(train: Sequence[ImageData], test: Sequence[ImageData]) -> LabelInfo:
+    """What a partitioner sees of loaded sources: their labels (and domains, when several)."""
+    multi = len(train) > 1
+    return LabelInfo(
+        train_labels=torch.cat([p.labels for p in train]),
+        test_labels=torch.cat([p.labels for p in test]),
+        num_classes=len(train[0].classes),
+        train_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(train)]) if multi else None,
+        test_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(test)]) if multi else None,
+        domain_names=tuple(p.domain for p in train) if multi else (),
+    )
+
+
+def partition_labels(labels: LabelInfo, dataset_name: str, partition_cfg: Mapping[str, Any], *, num_clients: int,
+                     data_seed: int, cache_dir: str | Path | None = None) -> Partition:
+    """The partition of ``labels`` that ``partition_cfg`` describes (cached); raises PartitionError on bad
+    parameters."""
+    params = {k: v for k, v in partition_cfg.items() if k not in ("scheme", "val_fraction")}
+    return cached_partition(
+        cache_dir,
+        dataset_name,
+        str(partition_cfg["scheme"]),
+        labels,
+        num_clients,
+        data_seed,
+        val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
+        **params,
+    )
+
+
 def partition_sources(
     train: Sequence[ImageData],
     test: Sequence[ImageData],
@@ -218,27 +248,9 @@ def partition_sources(
     cache_dir: str | Path | None = None,
 ) -> tuple[LabelInfo, Partition]:
     """The labels of loaded sources and their partition (cached); raises PartitionError on bad parameters."""
-    multi = len(train) > 1
-    labels = LabelInfo(
-        train_labels=torch.cat([p.labels for p in train]),
-        test_labels=torch.cat([p.labels for p in test]),
-        num_classes=len(train[0].classes),
-        train_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(train)]) if multi else None,
-        test_domains=torch.cat([torch.full_like(p.labels, i) for i, p in enumerate(test)]) if multi else None,
-        domain_names=tuple(p.domain for p in train) if multi else (),
-    )
-    params = {k: v for k, v in partition_cfg.items() if k not in ("scheme", "val_fraction")}
-    partition = cached_partition(
-        cache_dir,
-        dataset_name,
-        str(partition_cfg["scheme"]),
-        labels,
-        num_clients,
-        data_seed,
-        val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
-        **params,
-    )
-    return labels, partition
+    labels = source_labels(train, test)
+    return labels, partition_labels(labels, dataset_name, partition_cfg, num_clients=num_clients,
+                                    data_seed=data_seed, cache_dir=cache_dir)
 
 
 def build_federated_data(
