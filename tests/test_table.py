@@ -21,7 +21,8 @@ protocol: {stage: post, selection: best, weighting: unweighted}
 seeds: [0, 1]
 base: [rounds=2, num_clients=4, train.batch_size=10, cache_dir=null, quiet=true, logger.wandb.mode=disabled,
        partition.n_train=40,
-       partition.n_test=20]
+       partition.n_test=20,
+       eval.chance_z=null]  # toy runs test the machinery and do not train: no "did not train" verdict
 columns:
   - {name: A, dataset: synthetic, model: small_cnn, overrides: [partition=pathological],
      paper: {dataset: cifar10, setting: pathological-2}}
