@@ -48,17 +48,27 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
                 "data_root", "hydra", "dataset.root", "dataset.download", "partition.path")
 
 
-#: config keys added after runs existed, left out of a run's identity while they have no effect, so that those
-#: runs keep their directories (key -> "this value changes nothing")
-NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False}
+#: config keys (dotted for a key inside a section) added after runs existed, left out of a run's identity while
+#: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
+NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
+                "train.norm_mode": lambda value: value == "train"}
+
+
+def _drop_neutral(semantic: dict[str, Any]) -> None:
+    """Remove every ``NEUTRAL_WHEN`` key whose value changes nothing (in place)."""
+    for key, neutral in NEUTRAL_WHEN.items():
+        *path, leaf = key.split(".")
+        node: Any = semantic
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and neutral(node[leaf]):
+            node.pop(leaf)
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
     """sha256 over the semantic part of the resolved config."""
     semantic = json.loads(json.dumps(cfg))
-    for key, neutral in NEUTRAL_WHEN.items():
-        if key in semantic and neutral(semantic[key]):
-            semantic.pop(key)
+    _drop_neutral(semantic)
     for key in NON_SEMANTIC:
         node, *rest = key.split(".")
         if rest:
