@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from bench.core.capacity import IDEAL, check_capacity_config
 from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
-from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
+from bench.core.records import RunDir, atomic_write_json, atomic_write_text, read_jsonl, scan_records
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, pick
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
@@ -205,6 +205,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "protocol": dict(primary),
         "primary": dict(pick(results, primary["stage"], primary["selection"], primary["weighting"])),
         "results": results,
+        "final_metrics": final_metrics(read_jsonl(run.rounds)),
     }
     atomic_write_json(run.summary, summary)
     (run.path / "error.txt").unlink(missing_ok=True)  # a failure reported earlier is history now
@@ -213,6 +214,17 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     for cb in callbacks:
         cb.on_end(summary)
     return summary
+
+
+def final_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The numbers of the run's last ``kind: method`` record (what the method's ``metrics()`` returned in the
+    last round it reported, e.g. FedSelect's ``personal_fraction``) with that ``round``, so that a table can show
+    them from the summary; only scalars: lists (FedSelect's ``head_mask_iou``) stay in ``rounds.jsonl``. Empty
+    for a method that records none."""
+    last = next((r for r in reversed(list(records)) if r.get("kind") == "method"), None)
+    if last is None:
+        return {}
+    return {k: v for k, v in last.items() if k != "kind" and isinstance(v, int | float | str | bool)}
 
 
 def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:
