@@ -100,6 +100,12 @@ def label(spec: dict[str, Any]) -> str:
     return f"table{name}" if name[:1].isdigit() else name
 
 
+def experiment(spec: dict[str, Any]) -> str:
+    """The runs' ``exp`` (before the scale): the spec's ``exp`` if given, e.g. ``fedselect/table1`` for a figure
+    whose rows include cells of Table 1 (the same config then means the same run), else ``<paper>/<label>``."""
+    return str(spec.get("exp") or f"{spec['paper']}/{label(spec)}")
+
+
 def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
            out_dir: str = "runs", extra: Sequence[str] = ()) -> list[Cell]:
     """Every (row, column, seed) cell with its full Hydra override list."""
@@ -114,7 +120,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
     common = [*spec.get("base", []), *mini.get("base", []),
               f"eval.primary.stage={proto['stage']}", f"eval.primary.selection={proto['selection']}",
               f"eval.primary.weighting={proto['weighting']}",
-              f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
+              f"exp={experiment(spec)}/{scale}", f"out_dir={out_dir}"]
     cells = []
     for column in scale_columns(spec, scale):
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
