@@ -87,7 +87,7 @@ def test_fedselect_fig2_draws_both_readings_with_the_papers_curve_and_caption(tm
     assert [p.name for p in paths] == ["fig2_accuracy_vs_p.png", "fig2_accuracy_vs_p.pdf"]
     assert all((tmp_path / p).stat().st_size > 0 for p in paths)
     caption = (out / "figures" / "fig2_accuracy_vs_p.txt").read_text().splitlines()
-    assert len(caption) == 2 and "fixed: best p = 0.50 (holds)" in caption[1]
+    assert len(caption) == 2 and "fixed: best p = 0.50 by 2.0 points, beyond the std of 1.0 (holds)" in caption[1]
     assert "paper: minimal variation over p (spread 1.7 points)" in caption[0]  # Table 1's 84.22 ... 85.91
     # the paper's curve is its Table 1 FedSelect(p) rows
     assert fedselect_figures.paper_curve("mini")[(0.5, "CIFAR-10 s=4")] == 65.88
@@ -100,7 +100,8 @@ def test_fedselect_fig2_caption_checks_the_papers_claims_per_reading():
     frame["paper_mean"] = frame["p"].map({0.25: 65.23, 0.5: 65.88, 0.75: 62.91})
     s2, s4 = fedselect_figures.claims(frame)
     assert s4.startswith("CIFAR-10 s=4: paper: p = 0.50 best")
-    assert "compounding: best p = 0.75 (does not hold)" in s4 and "fixed: best p = 0.50 (holds)" in s4
+    assert "compounding: best p = 0.75 by 8.0 points, beyond the std of 1.0 (does not hold)" in s4
+    assert "fixed: best p = 0.50 by 2.0 points, beyond the std of 1.0 (holds)" in s4
     assert "spread 3.0 points" in s2  # the paper's spread of the same rows
     assert "compounding: spread 10.0 points (does not hold)" in s2 and "fixed: spread 4.0 points (does not hold)" in s2
     assert fedselect_figures.parse_row("FedSelect(0.50)") is None  # Table 1's rows name no reading
