@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +48,27 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
                 "data_root", "hydra", "dataset.root", "dataset.download", "partition.path", "eval.chance_z")
 
 
-#: config keys added after runs existed, left out of a run's identity while they have no effect, so that those
-#: runs keep their directories (key -> "this value changes nothing")
-NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False}
+#: config keys (dotted for a key inside a section) added after runs existed, left out of a run's identity while
+#: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
+NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
+                "train.norm_mode": lambda value: value == "train"}
+
+
+def _drop_neutral(semantic: dict[str, Any]) -> None:
+    """Remove every ``NEUTRAL_WHEN`` key whose value changes nothing (in place)."""
+    for key, neutral in NEUTRAL_WHEN.items():
+        *path, leaf = key.split(".")
+        node: Any = semantic
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and neutral(node[leaf]):
+            node.pop(leaf)
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
     """sha256 over the semantic part of the resolved config."""
     semantic = json.loads(json.dumps(cfg))
-    for key, neutral in NEUTRAL_WHEN.items():
-        if key in semantic and neutral(semantic[key]):
-            semantic.pop(key)
+    _drop_neutral(semantic)
     for key in NON_SEMANTIC:
         node, *rest = key.split(".")
         if rest:
@@ -177,6 +187,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         atomic_write_json(run.diverged, err.record())
         raise RunDiverged(f"{err} (run directory {run.path})") from None
     primary = conf["eval"]["primary"]
+    records = run.records()
     summary = {
         "complete": True,
         "schema": 1,
@@ -194,8 +205,9 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "capacity": capacities,
         "protocol": dict(primary),
         "primary": dict(pick(results, primary["stage"], primary["selection"], primary["weighting"])),
-        "trained": training_verdict(conf, data, run.records()),
+        "trained": training_verdict(conf, data, records),
         "results": results,
+        "final_metrics": final_metrics(records),
     }
     atomic_write_json(run.summary, summary)
     (run.path / "error.txt").unlink(missing_ok=True)  # a failure reported earlier is history now
@@ -219,6 +231,17 @@ def training_verdict(conf: Mapping[str, Any], data: FederatedData,
     counts = {c: torch.bincount(labels[s["test"].cpu()], minlength=data.num_classes).tolist()
               for c, s in enumerate(data.splits)}
     return chance_verdict(record, counts, primary["weighting"], float(z))
+
+
+def final_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The numbers of the run's last ``kind: method`` record (what the method's ``metrics()`` returned in the
+    last round it reported, e.g. FedSelect's ``personal_fraction``) with that ``round``, so that a table can show
+    them from the summary; only scalars: lists (FedSelect's ``head_mask_iou``) stay in ``rounds.jsonl``. Empty
+    for a method that records none."""
+    last = next((r for r in reversed(list(records)) if r.get("kind") == "method"), None)
+    if last is None:
+        return {}
+    return {k: v for k, v in last.items() if k != "kind" and isinstance(v, int | float | str | bool)}
 
 
 def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:

@@ -151,6 +151,12 @@ def label(spec: dict[str, Any]) -> str:
     return f"table{name}" if name[:1].isdigit() else name
 
 
+def experiment(spec: dict[str, Any]) -> str:
+    """The runs' ``exp`` (before the scale): the spec's ``exp`` if given, e.g. ``fedselect/table1`` for a figure
+    whose rows include cells of Table 1 (the same config then means the same run), else ``<paper>/<label>``."""
+    return str(spec.get("exp") or f"{spec['paper']}/{label(spec)}")
+
+
 def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
            out_dir: str = "runs", extra: Sequence[str] = ()) -> list[Cell]:
     """Every (row, column, seed) cell with its full Hydra override list."""
@@ -162,7 +168,7 @@ def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
                          "or use another --scale")
     seeds = list(seeds if seeds is not None else mini.get("seeds", spec["seeds"]))
     common = [*spec.get("base", []), *mini.get("base", [])]
-    placed = [f"exp={spec['paper']}/{label(spec)}/{scale}", f"out_dir={out_dir}"]
+    placed = [f"exp={experiment(spec)}/{scale}", f"out_dir={out_dir}"]
     cells = []
     for column in scale_columns(spec, scale):
         dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]

@@ -14,6 +14,8 @@ A table spec (YAML)::
     title: ...
     protocol: {stage: post, selection: best, weighting: unweighted}
     seeds: [0, 1, 2, 3, 4]
+    exp: fedcac/table2                           # optional: the runs' exp (default <paper>/<table label>): a figure
+                                                 # naming a table's exp shares the cells whose configs are equal
     base: [num_clients=40, ...]                  # Hydra overrides for every cell
     compare: FedCAC                              # optional: this row minus the best other, paired over seeds
     notes: ["Code over text: ..."]               # optional: caption lines (e.g. where the official code decides)

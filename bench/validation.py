@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bench.compose import CONF_DIR
+from bench.core.engine import NORM_MODES
 
 #: the config groups: dataset and model keys are checked below, partition and method keys by their owners
 GROUPS = ("dataset", "partition", "model", "method")
@@ -81,6 +82,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.batch_size": _int(1),
     "train.drop_last": _BOOL,
     "train.grad_clip": _optional(_real(lambda v: v > 0, "a finite number > 0")),
+    "train.norm_mode": _one_of(*NORM_MODES),
     "eval.every": _int(1),
     "eval.batch_size": _int(1),
     "eval.chance_z": _optional(_real(lambda v: v >= 0, "a finite number >= 0 (null: no verdict)")),

@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_demo_writes_a_table_and_curves_from_its_own_records(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "scripts/demo.py", "--out", str(out), "--seeds", "0", "1", "--", "rounds=2",  # 2 rounds do not train: no verdict
-                           "num_clients=6", "cache_dir=null", "eval.chance_z=null"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    # 2 rounds do not train: no chance verdict (eval.chance_z=null)
+    proc = subprocess.run([sys.executable, "scripts/demo.py", "--out", str(out), "--seeds", "0", "1", "--", "rounds=2",
+                           "num_clients=6", "cache_dir=null", "eval.chance_z=null"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     table = (out / "table.md").read_text()
     frame, partial = load_runs(out / "runs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from bench.core.records import read_jsonl
 from bench.run import execute, run_dir_for, to_container
+from bench.spec import cell_config, expand, experiment, load_spec
 from tests.helpers import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,16 +55,74 @@ def test_fedselect_records_a_symmetric_final_layer_iou_with_ones_on_the_diagonal
     assert len([r for r in read_jsonl(path / "rounds.jsonl") if "head_mask_iou" in r]) == 2
 
 
-def test_fedselect_fig2_reads_the_p_rows_of_the_table_csv(tmp_path, monkeypatch):
+def test_summary_carries_the_final_rounds_method_metrics(tmp_path):
+    path = run(tmp_path, "method=fedselect", "rounds=2", "method.ltn_iters=1", "method.alt_epochs=1")
+    summary = json.loads((path / "summary.json").read_text())
+    last = [r for r in read_jsonl(path / "rounds.jsonl") if r["kind"] == "method"][-1]
+    final = summary["final_metrics"]
+    assert final["round"] == 2 and final["personal_fraction"] == last["personal_fraction"]
+    assert final["personal_fraction_min"] <= final["personal_fraction"] <= final["personal_fraction_max"]
+    assert "head_mask_iou" not in final and "kind" not in final  # lists stay in rounds.jsonl
+    assert fedselect_figures.final_personal_fraction(path) == final["personal_fraction"]
+    fedavg = run(tmp_path, "method=fedavg", "rounds=1")
+    assert json.loads((fedavg / "summary.json").read_text())["final_metrics"] == {}  # records no metrics
+
+
+def fig2_frame(means: dict[str, list[float]]) -> pd.DataFrame:
+    """A Fig. 2 table: ``means[reading]`` = accuracy at p = 0.25, 0.5, 0.75, the same on both columns."""
+    return pd.DataFrame([{"method": f"FedSelect({p:.2f}) {reading}", "column": c, "mean": m, "std": 1.0,
+                          "paper_mean": None}
+                         for reading, values in means.items() for p, m in zip((0.25, 0.5, 0.75), values, strict=True)
+                         for c in ("CIFAR-10 s=2", "CIFAR-10 s=4")])
+
+
+def test_fedselect_fig2_draws_both_readings_with_the_papers_curve_and_caption(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "results" / "fedselect"
     out.mkdir(parents=True)
-    rows = [{"method": f"FedSelect({p:.2f})", "column": c, "mean": 70 + 10 * p, "std": 1.0, "paper_mean": 80.0}
-            for p in (0.25, 0.5, 0.75) for c in ("s=2", "s=4")] + [{"method": "FedAvg", "column": "s=2", "mean": 1.0}]
-    pd.DataFrame(rows).to_csv(out / "table1.csv", index=False)
+    frame = fig2_frame({"compounding": [70.0, 72.0, 80.0], "fixed": [71.0, 75.0, 73.0]})
+    extra = pd.DataFrame([{"method": "FedAvg", "column": "CIFAR-10 s=2", "mean": 1.0}])
+    pd.concat([frame, extra]).drop(columns="paper_mean").to_csv(out / "fig2.csv", index=False)
     paths = fedselect_figures.fig2("mini")
     assert [p.name for p in paths] == ["fig2_accuracy_vs_p.png", "fig2_accuracy_vs_p.pdf"]
     assert all((tmp_path / p).stat().st_size > 0 for p in paths)
+    caption = (out / "figures" / "fig2_accuracy_vs_p.txt").read_text().splitlines()
+    assert len(caption) == 2 and "fixed: best p = 0.50 by 2.0 points, beyond the std of 1.0 (holds)" in caption[1]
+    assert "paper: minimal variation over p (spread 1.7 points)" in caption[0]  # Table 1's 84.22 ... 85.91
+    # the paper's curve is its Table 1 FedSelect(p) rows
+    assert fedselect_figures.paper_curve("mini")[(0.5, "CIFAR-10 s=4")] == 65.88
+
+
+def test_fedselect_fig2_caption_checks_the_papers_claims_per_reading():
+    frame = fig2_frame({"compounding": [70.0, 72.0, 80.0], "fixed": [71.0, 75.0, 73.0]})
+    frame["p"] = [fedselect_figures.parse_row(m)[0] for m in frame["method"]]
+    frame["reading"] = [fedselect_figures.parse_row(m)[1] for m in frame["method"]]
+    frame["paper_mean"] = frame["p"].map({0.25: 65.23, 0.5: 65.88, 0.75: 62.91})
+    s2, s4 = fedselect_figures.claims(frame)
+    assert s4.startswith("CIFAR-10 s=4: paper: p = 0.50 best")
+    assert "compounding: best p = 0.75 by 8.0 points, beyond the std of 1.0 (does not hold)" in s4
+    assert "fixed: best p = 0.50 by 2.0 points, beyond the std of 1.0 (holds)" in s4
+    assert "spread 3.0 points" in s2  # the paper's spread of the same rows
+    assert "compounding: spread 10.0 points (does not hold)" in s2 and "fixed: spread 4.0 points (does not hold)" in s2
+    assert fedselect_figures.parse_row("FedSelect(0.50)") is None  # Table 1's rows name no reading
+
+
+def test_fig2_spec_shares_table1s_fedselect_cells_and_adds_the_fixed_reading():
+    """The compounding rows of Fig. 2 are Table 1's FedSelect(p) cells (same exp, same config: the same runs)."""
+    def cells(spec_path: Path, rows: set[str]) -> dict[tuple[str, str, int], Path]:
+        spec = load_spec(spec_path)
+        return {(c.row, c.column, c.seed): run_dir_for(cell_config(c)) for c in expand(spec, "mini") if c.row in rows}
+
+    table1 = cells(fedselect_figures.SPEC, {f"FedSelect({p})" for p in ("0.25", "0.50", "0.75")})
+    fig2 = cells(fedselect_figures.FIG2_SPEC, {f"FedSelect({p}) {r}" for p in ("0.25", "0.50", "0.75")
+                                               for r in ("compounding", "fixed")})
+    shared = {k: v for k, v in fig2.items() if k[0].endswith("compounding")}
+    assert len(table1) == len(shared) == 18
+    assert {(r.split()[0], c, s): v for (r, c, s), v in shared.items()} == table1
+    fixed = {v for k, v in fig2.items() if k[0].endswith("fixed")}
+    assert len(fixed) == 18 and not fixed & set(table1.values())
+    assert all(str(v).startswith("runs/fedselect/table1/mini/fedselect/") for v in fig2.values())
+    assert experiment(load_spec(fedselect_figures.SPEC)) == "fedselect/table1"  # the default: <paper>/<label>
 
 
 def test_figure_commands_skip_what_has_no_runs_yet(tmp_path):

@@ -234,7 +234,7 @@ class Method:
         frozen = [p for p in model.parameters() if id(p) not in chosen and p.requires_grad]
         for p in frozen:  # no gradient work for what is not trained
             p.requires_grad_(False)
-        model.module.train()
+        set_train_mode(model.module, cfg.get("norm_mode", "train"), task.round)
         total, batches = torch.zeros((), device=self.fed.device), 0
         try:
             for _ in range(cfg["epochs"] if epochs is None else epochs):
@@ -290,6 +290,25 @@ def make_optimizer(params: list[nn.Parameter], cfg: Mapping[str, Any], lr: float
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=cfg.get("weight_decay", 0.0))
     raise ValueError(f"train.optimizer={name!r} is not supported; use 'sgd' or 'adam'")
+
+
+#: ``train.norm_mode``: the mode of the normalisation layers with running statistics during local training
+NORM_MODES = ("train", "eval", "eval_after_round_1")
+
+
+def set_train_mode(module: nn.Module, norm_mode: str, round_: int) -> None:
+    """Put ``module`` in training mode, except its normalisation layers with running statistics (BatchNorm) under
+    ``norm_mode`` ``eval`` (always) or ``eval_after_round_1`` (from round 2 on): those normalise with their
+    running statistics and do not update them. ``eval_after_round_1`` is the official FedSelect code
+    (lapisrocks/fedselect ``fedselect.py``: ``evaluate()`` calls ``model.eval()``, nothing calls ``train()``, so
+    only the first round trains in training mode); ``train`` is ordinary training."""
+    if norm_mode not in NORM_MODES:
+        raise ValueError(f"train.norm_mode={norm_mode!r} is invalid: use one of {list(NORM_MODES)}")
+    module.train()
+    if norm_mode == "eval" or (norm_mode == "eval_after_round_1" and round_ > 1):
+        for layer in module.modules():
+            if isinstance(layer, nn.modules.batchnorm._NormBase) and layer.track_running_stats:
+                layer.eval()
 
 
 @torch.no_grad()
