@@ -1,5 +1,6 @@
 """Pre-launch check: load every data set of a table once and build each distinct partition (cached for
-the jobs), so that missing data or an impossible partition fails before anything is launched."""
+the jobs), so that missing data or an impossible partition (one leaving a client without data its method needs,
+``bench.core.builder.partition_check``) fails before anything is launched."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from bench.core.builder import method_class, partition_check
 from bench.core.data import load_sources, partition_sources, sharing_sources
 from bench.spec import Cell
 
@@ -21,7 +23,7 @@ def _data_problem(cfg: dict[str, Any]) -> str | None:
     try:
         partition_sources(*sources, str(cfg["dataset"]["name"]), cfg["partition"],
                           num_clients=cfg["num_clients"], data_seed=int(cfg["data_seed"]),
-                          cache_dir=cfg.get("cache_dir"))
+                          cache_dir=cfg.get("cache_dir"), accept=partition_check(cfg))
     except ValueError as err:  # PartitionError
         return str(err)
     return None
@@ -36,7 +38,8 @@ def check_inputs(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> 
         for cell in cells:
             cfg = configs[cell]
             which = json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"],
-                                cfg["data_seed"]], sort_keys=True, default=str)
+                                cfg["data_seed"], sorted(method_class(cfg)[0].empty_splits)], sort_keys=True,
+                               default=str)
             if which not in verdicts:
                 verdicts[which] = _data_problem(cfg)
             if verdicts[which]:
