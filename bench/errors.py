@@ -61,8 +61,11 @@ def hydra_message(err: HydraException) -> str:
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override {err.override!r}: {err.message.strip()}"
     if isinstance(err, MissingConfigException) and err.options:
-        first = str(err).strip().splitlines()[0].removeprefix("In 'config': ")
-        return f"{first}; use one of: {', '.join(err.options)}"
+        lines = str(err).strip().splitlines()
+        paths = [line.split("path=", 1)[1] for line in lines if "path=" in line]
+        first = lines[0].removeprefix("In 'config': ")
+        return f"{first}; use one of: {', '.join(err.options)}" + (
+            f"\nconfig search path: {', '.join(paths)}" if paths else "")
     text = str(err)
     if err.__cause__ is not None and str(err.__cause__) not in text:
         text += f"\n{err.__cause__}"
