@@ -126,3 +126,14 @@ def test_a_large_federation_gets_a_summary_figure_quickly():
     assert time.monotonic() - started < 20  # about 1.5 s; a dot per client took minutes
     assert len(files["class_counts.csv"].decode().splitlines()) == 1 + 3 * 20_000
     assert len(files["partition.png"]) < 200_000 and MAX_DRAWN_CLIENTS < 20_000
+
+
+def test_a_tables_pre_launch_check_refuses_a_partition_leaving_a_client_empty(tmp_path: Path):
+    from bench.precheck import _data_problem
+
+    empty = ["partition=dirichlet_hsu", "partition.min_size=0", "partition.alpha=0.05", "num_clients=200"]
+    cfg = to_container(config(tmp_path, f"cache_dir={tmp_path / 'cache'}", *empty))
+    assert "leaves 98 of 200 clients without train samples" in _data_problem(cfg)
+    assert not (tmp_path / "cache").exists()
+    fine = to_container(config(tmp_path, f"cache_dir={tmp_path / 'cache'}", *empty[:2], "num_clients=4"))
+    assert _data_problem(fine) is None
