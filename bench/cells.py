@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from bench.compose import sharing_compositions
 from bench.core.records import RunDir, atomic_write_text
+from bench.errors import config_phase
 from bench.launch import Outcome, launch, load_launcher
 from bench.precheck import CellsError, check_inputs, dry_build
 from bench.provenance import is_stale, run_code
@@ -95,7 +96,7 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     built."""
     launcher = launcher or load_launcher("inline")
     configs = {}
-    with sharing_compositions():  # the cells' few distinct config-group choices are composed once each
+    with config_phase(), sharing_compositions():  # the cells' few distinct config-group choices: composed once each
         for cell in cells:
             cfg = cell_config(cell, spec, scale)
             validate(cfg, check_device=launcher["name"] != "slurm")  # Slurm: the GPU is on the compute node
@@ -117,7 +118,8 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     if not missing:
         return dirs
     if precheck:
-        check_inputs(missing, configs)
+        with config_phase():
+            check_inputs(missing, configs)
     log_dir = Path(configs[missing[0]]["out_dir"]) / ".launch" / str(configs[missing[0]].get("exp", "default"))
     progress = TableProgress(len(missing), quiet=quiet)
     try:

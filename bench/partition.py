@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from bench.core.builder import import_plugins
 from bench.core.data import load_sources, partition_sources
+from bench.errors import config_phase, run_cli
 from datasets.partition import Partition
 from datasets.partition_file import partition_to_clients, write_partition_file
 from datasets.partition_report import class_counts
@@ -80,12 +81,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     exp.add_argument("--out", help="output file (default: <run_dir>/partition/partition.<format>)")
     exp.add_argument("--format", choices=("npz", "json"), help="default: from --out's suffix, else npz")
     args = parser.parse_args(argv)
-    try:
+    with config_phase():  # a missing or unreadable run, data that changed: a short message and exit status 2
         path = export(args.run_dir, args.out, args.format)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        sys.exit(f"error: {err}")
     print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

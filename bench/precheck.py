@@ -1,7 +1,8 @@
 """Pre-launch check and dry build: the data and partitions of a table's cells, before anything is launched.
 
 :func:`check_inputs` (before a launch) loads every data set of the cells to run once and builds each distinct
-partition (cached for the jobs), so that missing data or an impossible partition fails before anything starts.
+partition (cached for the jobs), so that missing data or an impossible partition (one leaving a client without
+data its method needs, ``bench.core.builder.partition_check``) fails before anything starts.
 
 :func:`dry_build` (``python -m bench.table <spec> --dry-run``) builds every cell's partition for every seed without
 needing the data: from the real labels where the data set loads here, else from the data set's official label
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.core.builder import method_class, partition_check
 from bench.core.data import (
     active_sharing,
     load_sources,
@@ -26,6 +28,7 @@ from bench.core.data import (
     sharing_sources,
     source_labels,
 )
+from bench.errors import ConfigError
 from bench.spec import Cell
 from datasets.label_counts import label_info_from_counts, missing_counts
 from datasets.partition import LabelInfo
@@ -35,13 +38,15 @@ from datasets.sources import DataSourceError
 FROM_DATA, FROM_COUNTS = "data", "label counts"
 
 
-class CellsError(ValueError):
+class CellsError(ConfigError):
     """Cells that cannot run (or be built); the message names each (row | column | seed) and why."""
 
 
 def _partition_key(cfg: dict[str, Any]) -> str:
-    return json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"], cfg["data_seed"]],
-                      sort_keys=True, default=str)
+    """What decides whether a cell's partition can be built and used: its data, partition and federation, and which
+    splits its method accepts empty."""
+    return json.dumps([cfg["dataset"], cfg.get("data_root"), cfg["partition"], cfg["num_clients"], cfg["data_seed"],
+                       sorted(method_class(cfg)[0].empty_splits)], sort_keys=True, default=str)
 
 
 def _data_problem(cfg: dict[str, Any]) -> str | None:
@@ -54,7 +59,7 @@ def _data_problem(cfg: dict[str, Any]) -> str | None:
     try:
         partition_sources(*sources, str(cfg["dataset"]["name"]), cfg["partition"],
                           num_clients=cfg["num_clients"], data_seed=int(cfg["data_seed"]),
-                          cache_dir=cfg.get("cache_dir"))
+                          cache_dir=cfg.get("cache_dir"), accept=partition_check(cfg))
     except ValueError as err:  # PartitionError
         return str(err)
     return None
@@ -145,7 +150,7 @@ def dry_build(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> Dry
             return origin
         try:
             partition_labels(info, str(cfg["dataset"]["name"]), cfg["partition"], num_clients=cfg["num_clients"],
-                             data_seed=int(cfg["data_seed"]), cache_dir=None)
+                             data_seed=int(cfg["data_seed"]), cache_dir=None, accept=partition_check(cfg))
         except (OSError, ValueError) as err:  # PartitionError, a partition file that is missing or does not fit
             return f"{err} (labels from {origin})"
         report.built[origin] += 1

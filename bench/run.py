@@ -37,6 +37,7 @@ from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, final_eval, pick
+from bench.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
 from datasets.partition import PARTITIONERS
@@ -142,7 +143,8 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Run (or resume, or reuse) one experiment; returns its summary. Raises ``RunDiverged`` for a run whose
     loss or model became non-finite (now or before: the run is deterministic, so it is not retried)."""
     conf = to_container(cfg)
-    validate(conf)
+    with config_phase():
+        validate(conf)
     run = RunDir(run_dir_for(conf))
     state = run.summary_state()
     if state == "complete":
@@ -151,7 +153,8 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         raise RunDiverged(f"{json.loads(run.diverged.read_text())['message']} ({run.diverged}; delete the run "
                           "directory to run this config again)")
     device = configure_torch(conf)
-    experiment = build_experiment(conf, device)  # data, partition and model are checked before anything is written
+    with config_phase():  # data, partition and model are checked before anything is written
+        experiment = build_experiment(conf, device)
     with run.exclusive():
         state = run.summary_state()
         if state == "complete":  # finished by another process while this one waited to start
@@ -268,23 +271,48 @@ def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:
 
 
 def hydra_task(cfg: DictConfig) -> None:
-    """The Hydra task: run one config and print its primary result."""
-    summary = execute(cfg)
+    """The Hydra task: run one config and print its primary result. A configuration error of a single run is
+    reported here in one line (exit status 2); in a multirun it goes to :func:`main` after the other jobs."""
+    try:
+        summary = execute(cfg)
+    except ConfigError as err:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if debugging() or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        raise SystemExit(report(message(err))) from None  # before Hydra's "Error executing job" line
     p = summary["primary"]
     if not cfg.get("quiet"):
         print(f"{summary['method']} seed={summary['seed']}: {p['acc']:.2f}% "
               f"({p['stage']}, {p['selection']} round {p['round']}, {p['weighting']})")
 
 
-def main() -> None:
+def main() -> int:
+    """``python -m bench.run``: configuration errors (:mod:`bench.errors`) and Hydra's override and config-group
+    errors give a short message and exit status 2; ``PFL_DEBUG=1`` or ``HYDRA_FULL_ERROR=1`` shows their
+    traceback. Other failures keep theirs."""
     import hydra
+    from hydra.errors import HydraException
 
     # the task comes from the importable module, not __main__, so that submitit's launchers pickle it by
     # reference (a function of __main__ would be pickled by value, with unpicklable torch globals)
     from bench.run import hydra_task as task
 
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
-    hydra.main(config_path=conf_dir, config_name="config", version_base="1.3")(task)()
+    app = hydra.main(config_path=conf_dir, config_name="config", version_base="1.3")(task)
+    if debugging() or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        os.environ[DEBUG_ENV] = "1"  # the task too lets configuration errors through to Hydra
+        app()
+        return 0
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing, so that errors come here
+    try:
+        app()
+    except ConfigError as err:
+        return report(message(err))
+    except HydraException as err:
+        return report(hydra_message(err))
+    return 0
 
 
 if __name__ == "__main__":

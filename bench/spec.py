@@ -76,6 +76,9 @@ class Cell:
 
 
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"table spec {path} does not exist: give a file conf/paper/<paper>/<table>.yaml "
+                                "(make help lists the tables)")
     raw = OmegaConf.load(path)
     if "include" in raw:  # shared files of a paper's folder (base overrides, scales, rows), merged in order
         included = raw.pop("include")  # one file or a list; later files and the spec itself override earlier

@@ -66,6 +66,7 @@ from collections.abc import Sequence
 
 from bench.cells import run_cells
 from bench.collect import collect
+from bench.errors import config_phase, run_cli
 from bench.launch import load_launcher
 from bench.precheck import CellsError
 from bench.render import write_table
@@ -75,7 +76,10 @@ from bench.wandb_tables import after_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The table command; returns the exit status (1 when any cell failed, diverged, did not train or is missing)."""
+    """The table command; returns the exit status (1 when any cell failed, diverged, did not train or is missing).
+    Configuration errors (a bad spec, override or launcher setting, missing data) raise
+    :class:`bench.errors.ConfigError` before any run starts; ``python -m bench.table`` prints them in a line or
+    two and exits with status 2 (``PFL_DEBUG=1``: with the traceback)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini", choices=SCALES)
@@ -103,15 +107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides += after
     launcher_overrides = [o for o in args.overrides if o.startswith("launcher.")]
     overrides = [o for o in args.overrides if not o.startswith("launcher.")]
-    launcher = load_launcher(args.launcher, launcher_overrides)
-    spec = load_spec(args.spec)
+    with config_phase():
+        launcher = load_launcher(args.launcher, launcher_overrides)
+        spec = load_spec(args.spec)
     if spec.get("tuning") and not args.dry_run:
         spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
-    cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
+    with config_phase():
+        cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
     try:
         dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
                          precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet)
-    except CellsError as err:
+    except CellsError as err:  # every cell that cannot run or be built, each named: the whole list, not a summary
         print(err, file=sys.stderr, flush=True)
         return 1
     if args.dry_run:
@@ -130,4 +136,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -8,8 +8,9 @@
 - values of the wrong type or out of range (the rules below), and a method's hyperparameters of the wrong
   type (from the annotations of its ``Hyper`` dataclass).
 
-Impossible combinations that need the data (more clients than samples, a model that does not fit the
-input) are refused when the experiment is built, which also happens before anything is written.
+Impossible combinations that need the data (more clients than samples, a client left without training or test
+samples, a model that does not fit the input) are refused when the experiment is built, which also happens before
+anything is written.
 """
 
 from __future__ import annotations

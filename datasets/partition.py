@@ -25,7 +25,8 @@ Schemes (``make_partition(scheme, labels, num_clients, seed, **params)``):
 The last four share the train split without overlap; their test part is ``test_mode="matched"`` (test
 split shared out in each client's train class proportions) or ``"holdout"`` (``test_fraction`` of the
 client's own data). ``val_fraction`` then moves a class-stratified share of each client's train part
-into ``val``. Every bad parameter raises :class:`PartitionError` naming it, its value and the fix.
+into ``val``. Every bad parameter raises :class:`PartitionError` naming it, its value and the fix, and so does a
+federation of more clients than training samples (before anything is drawn).
 """
 
 from __future__ import annotations
@@ -413,8 +414,6 @@ def _classes_per_client(data: PartitionData, num_clients: int, rng: np.random.Ge
 @scheme("iid", test_mode="matched", test_fraction=0.2)
 def _iid(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
     _check_test_mode(p)
-    if num_clients > data.n_train:
-        raise PartitionError(f"num_clients={num_clients} is invalid: only {data.n_train} training samples")
     return _test_parts(data, np.array_split(rng.permutation(data.n_train), num_clients), rng, p)
 
 
@@ -475,6 +474,9 @@ def make_partition(scheme: str, labels: LabelInfo, num_clients: int, seed: int, 
     frac = _fraction({"val_fraction": val_fraction}, "val_fraction")
     p = {**spec.defaults, **params}
     data = PartitionData(labels)
+    if num_clients > data.n_train:  # refused before a draw: some clients would hold no training sample
+        raise PartitionError(f"num_clients={num_clients} is invalid: only {data.n_train} training samples, so some "
+                             f"clients would have none; use at most {data.n_train} clients or a larger data set")
     rng = np.random.default_rng(np.random.PCG64(seed))
     parts = spec.draw(data, int(num_clients), rng, p)
     val_rng = np.random.default_rng(np.random.PCG64([seed, 1]))

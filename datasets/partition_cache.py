@@ -14,7 +14,7 @@ import inspect
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +51,41 @@ def partition_key(dataset: str, scheme: str, params: Mapping[str, Any], num_clie
 
 
 def cached_partition(cache_dir: str | os.PathLike | None, dataset: str, scheme: str, labels: LabelInfo,
-                     num_clients: int, seed: int, *, val_fraction: float = 0.0, **params: Any) -> Partition:
-    """``make_partition`` through the cache (``cache_dir=None``: no cache)."""
-    if cache_dir is None:
-        return make_partition(scheme, labels, num_clients, seed, val_fraction=val_fraction, **params)
+                     num_clients: int, seed: int, *, val_fraction: float = 0.0,
+                     accept: Callable[[Partition], None] | None = None, **params: Any) -> Partition:
+    """``make_partition`` through the cache (``cache_dir=None``: no cache). ``accept(partition)`` raises for a
+    partition the caller cannot use; such a partition is not written to the cache."""
+    path = None
+    if cache_dir is not None:
+        key = partition_key(dataset, scheme, params, num_clients, seed, val_fraction, label_fingerprint(labels))
+        path = Path(cache_dir) / "partitions" / key[:2] / f"{key}.pt"
+    partition = None
+    if path is not None and path.exists():
+        try:
+            partition = Partition.from_state(load_verified(path))
+        except Exception as err:  # noqa: BLE001 - a torn, altered or foreign file is recomputed below
+            warnings.warn(f"partition cache file {path} is unusable ({err}); recomputing it", RuntimeWarning,
+                          stacklevel=2)
+    fresh = partition is None
+    if partition is None:
+        partition = make_partition(scheme, labels, num_clients, seed, val_fraction=val_fraction, **params)
+    if accept is not None:
+        accept(partition)
+    if fresh and path is not None:
+        save_verified(path, partition.to_state())
+    return partition
     key = partition_key(dataset, scheme, params, num_clients, seed, val_fraction, label_fingerprint(labels))
     path = Path(cache_dir) / "partitions" / key[:2] / f"{key}.pt"
     if path.exists():
         try:
-            return Partition.from_state(load_verified(path))
+            cached = Partition.from_state(load_verified(path))
         except Exception as err:  # noqa: BLE001 - a torn, altered or foreign file is recomputed below
             warnings.warn(f"partition cache file {path} is unusable ({err}); recomputing it", RuntimeWarning,
                           stacklevel=2)
+        else:
+            accept(cached)
+            return cached
     partition = make_partition(scheme, labels, num_clients, seed, val_fraction=val_fraction, **params)
+    accept(partition)
     save_verified(path, partition.to_state())
     return partition

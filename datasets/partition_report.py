@@ -1,4 +1,5 @@
-"""Partition report: per-client class counts (CSV) and a dot plot like FedCAC's Appendix B."""
+"""Partition report: per-client class counts (CSV) and a dot plot like FedCAC's Appendix B (a summary figure above
+:data:`MAX_DRAWN_CLIENTS` clients)."""
 
 from __future__ import annotations
 
@@ -13,46 +14,53 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from bench.core.records import atomic_write_bytes  # noqa: E402
 from datasets.partition import Partition  # noqa: E402
 
+PARTS = ("train", "val", "test")
+
 
 def class_counts(partition: Partition, pool_labels: torch.Tensor, num_classes: int) -> pd.DataFrame:
-    """Rows (client, part) with part in train/val/test; columns class_0.. and total."""
-    rows = []
-    for cid, client in enumerate(partition.clients):
-        for part in ("train", "val", "test"):
-            idx = getattr(client, part)
-            counts = torch.bincount(pool_labels[idx], minlength=num_classes).tolist()
-            rows.append({"client": cid, "part": part, **{f"class_{c}": n for c, n in enumerate(counts)},
-                         "total": int(idx.numel())})
-    return pd.DataFrame(rows).set_index(["client", "part"])
+    """Rows (client, part) with part in train/val/test; columns class_0.. and total (one bincount per part, so
+    it stays fast for any number of clients)."""
+    n = len(partition.clients)
+    labels = pool_labels.cpu()
+    counts = np.zeros((n, len(PARTS), num_classes + 1), dtype=np.int64)
+    for j, part in enumerate(PARTS):
+        indices = [getattr(client, part).cpu() for client in partition.clients]
+        sizes = torch.tensor([idx.numel() for idx in indices], dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(n), sizes)
+        flat = torch.cat(indices).to(torch.int64) if indices else torch.zeros(0, dtype=torch.int64)
+        counts[:, j, :num_classes] = torch.bincount(owner * num_classes + labels[flat],
+                                                    minlength=n * num_classes).view(n, num_classes).numpy()
+        counts[:, j, num_classes] = sizes.numpy()
+    index = pd.MultiIndex.from_product([range(n), PARTS], names=["client", "part"])
+    return pd.DataFrame(counts.reshape(n * len(PARTS), num_classes + 1), index=index,
+                        columns=[*(f"class_{c}" for c in range(num_classes)), "total"])
 
 
 #: the report's files, in the order they are written: class_counts.csv last, as it marks a complete report
 REPORT_FILES = ("partition.png", "partition.pdf", "class_counts.csv")
+#: the most clients drawn one by one (a dot per client and class); a larger federation's figure summarises it
+#: (histogram of the clients' training samples, clients holding each class), so the report stays fast
+MAX_DRAWN_CLIENTS = 200
 
 
 def render_partition_report(partition: Partition, pool_labels: torch.Tensor, num_classes: int, *,
                             class_names: Sequence[str] | None = None, title: str | None = None) -> dict[str, bytes]:
     """The report's files as bytes: ``class_counts.csv`` and ``partition.png``/``.pdf`` (dot area ~ train
-    samples)."""
+    samples; above :data:`MAX_DRAWN_CLIENTS` clients, a summary figure)."""
     table = class_counts(partition, pool_labels, num_classes)
     train = table.xs("train", level="part")[[f"class_{c}" for c in range(num_classes)]].to_numpy()
-    clients, classes = train.nonzero()
-    sizes = train[clients, classes]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.18 * len(partition.clients)), max(3.0, 0.25 * num_classes)))
-    ax.scatter(clients, classes, s=120 * sizes / max(int(sizes.max(initial=1)), 1), color="tab:red", alpha=0.7)
-    ax.set_xlabel("client")
-    ax.set_ylabel("class")
-    ax.set_yticks(range(num_classes))
-    if class_names is not None and num_classes <= 20:
-        ax.set_yticklabels(list(class_names))
-    ax.set_title(title or f"{partition.scheme} partition, {len(partition.clients)} clients")
-    ax.grid(alpha=0.3)
+    if len(partition.clients) <= MAX_DRAWN_CLIENTS:
+        fig = _dot_plot(train, num_classes, class_names)
+    else:
+        fig = _summary_plot(train, num_classes, class_names)
+    fig.axes[0].set_title(title or f"{partition.scheme} partition, {len(partition.clients)} clients")
     files = {"class_counts.csv": table.to_csv().encode()}
     for fmt, options in (("png", {"dpi": 120}), ("pdf", {})):
         buffer = io.BytesIO()
@@ -60,6 +68,39 @@ def render_partition_report(partition: Partition, pool_labels: torch.Tensor, num
         files[f"partition.{fmt}"] = buffer.getvalue()
     plt.close(fig)
     return files
+
+
+def _dot_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> plt.Figure:
+    """A dot per client and class it holds, its area ~ the client's training samples of the class."""
+    clients, classes = train.nonzero()
+    sizes = train[clients, classes]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.18 * len(train)), max(3.0, 0.25 * num_classes)))
+    ax.scatter(clients, classes, s=120 * sizes / max(int(sizes.max(initial=1)), 1), color="tab:red", alpha=0.7)
+    ax.set_xlabel("client")
+    ax.set_ylabel("class")
+    ax.set_yticks(range(num_classes))
+    if class_names is not None and num_classes <= 20:
+        ax.set_yticklabels(list(class_names))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _summary_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> plt.Figure:
+    """Too many clients to draw one by one: a histogram of the clients' training samples and, per class, how many
+    clients hold it."""
+    fig, (sizes, holders) = plt.subplots(1, 2, figsize=(10.0, max(3.0, 0.25 * num_classes)))
+    sizes.hist(train.sum(axis=1), bins=50, color="tab:red", alpha=0.7)
+    sizes.set_xlabel("training samples per client")
+    sizes.set_ylabel("clients")
+    holders.barh(range(num_classes), (train > 0).sum(axis=0), color="tab:red", alpha=0.7)
+    holders.set_xlabel("clients holding the class")
+    holders.set_ylabel("class")
+    holders.set_yticks(range(num_classes))
+    if class_names is not None and num_classes <= 20:
+        holders.set_yticklabels(list(class_names))
+    for ax in (sizes, holders):
+        ax.grid(alpha=0.3)
+    return fig
 
 
 def report_key(partition: Partition, pool_labels: torch.Tensor, num_classes: int, *,

@@ -80,7 +80,7 @@ def test_the_documented_table_spec_validates_every_cell(folder: Path, tmp_path: 
 
 @pytest.mark.parametrize(("typo", "expected"), [
     # a config file name: Hydra lists the options it found, the plug-in's among them (the search path works)
-    ("method=my_fedavmg", ["Could not find 'method/my_fedavmg'", "\tmy_fedavgm\n", "file://conf"]),
+    ("method=my_fedavmg", ["Could not find 'method/my_fedavmg'", ", my_fedavgm", "file://conf"]),
     # a registered name: the registry lists every registered name, the plug-in's among them (the import works)
     ("partition.scheme=my_grups", ["unknown partition scheme 'my_grups'", "my_groups"]),
 ])

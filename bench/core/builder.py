@@ -31,6 +31,7 @@ from bench.core.models import build_model
 from bench.core.pretrained import load_pretrained_source
 from bench.core.records import RunDir
 from bench.core.seeding import derive_seed
+from datasets.partition import Partition
 
 
 def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
@@ -138,14 +139,46 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
         check_model_fits(worker, probe, len(first.classes), cfg)
         data = build_federated_data(cfg["dataset"], cfg["partition"], num_clients=cfg["num_clients"],
                                     data_seed=int(cfg["data_seed"]), data_root=cfg.get("data_root"),
-                                    cache_dir=cfg.get("cache_dir"), device=device, sources=sources)
+                                    cache_dir=cfg.get("cache_dir"), device=device, sources=sources,
+                                    accept=partition_check(cfg))
     else:
         worker = build_worker(cfg, data.num_classes, data.in_channels, data.image_size, device, cls, hp)
         check_model_fits(worker, data.images[:2], data.num_classes, cfg)
+        check_clients_nonempty({s: data.sizes(s).tolist() for s in EMPTY_SPLIT_FIX}, cls, cfg["partition"]["scheme"])
     factory = WorkerFactory(model_builder(cfg, data.num_classes, data.in_channels, data.image_size, cls, hp), worker)
     fed = Federation(data.num_clients, data.sizes("train"), worker, cfg["train"], device, int(cfg["seed"]),
                      data, factory, capacities)
     return Experiment(cfg, data, fed, cls(fed, hp))
+
+
+#: what gives an emptied client samples again, per split
+EMPTY_SPLIT_FIX = {
+    "train": "use fewer clients, give each client more data (partition.min_size, n_train) or a lower "
+             "partition.val_fraction",
+    "test": "use fewer clients or give each client more test data (partition.n_test, partition.test_fraction)",
+}
+
+
+def check_clients_nonempty(sizes: Mapping[str, Sequence[int]], method: type[Method], scheme: str) -> None:
+    """Refuse a federation whose ``sizes`` (split -> samples per client) leave a client without training or test
+    samples, unless the method copes with that split being empty (``Method.empty_splits``)."""
+    for split, fix in EMPTY_SPLIT_FIX.items():
+        if split in method.empty_splits:
+            continue
+        empty = [cid for cid, n in enumerate(sizes[split]) if n == 0]
+        if empty:
+            shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+            raise ValueError(f"partition={scheme} leaves {len(empty)} of {len(sizes[split])} clients without {split} "
+                             f"samples (client {shown}), which method {method.__name__} cannot handle: {fix}")
+
+
+def partition_check(cfg: Mapping[str, Any]) -> Callable[[Partition], None]:
+    """What :func:`build_experiment` requires of ``cfg``'s partition (:func:`check_clients_nonempty` for its
+    method), checked before the partition is cached; the table's pre-launch check applies it too."""
+    method = method_class(cfg)[0]
+    return lambda partition: check_clients_nonempty(
+        {split: [getattr(c, split).numel() for c in partition.clients] for split in EMPTY_SPLIT_FIX}, method,
+        partition.scheme)
 
 
 def check_model_fits(worker: FlatModel, images: torch.Tensor, num_classes: int, cfg: Mapping[str, Any]) -> None:

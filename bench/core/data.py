@@ -221,9 +221,11 @@ def source_labels(train: Sequence[ImageData], test: Sequence[ImageData]) -> Labe
 
 
 def partition_labels(labels: LabelInfo, dataset_name: str, partition_cfg: Mapping[str, Any], *, num_clients: int,
-                     data_seed: int, cache_dir: str | Path | None = None) -> Partition:
+                     data_seed: int, cache_dir: str | Path | None = None,
+                     accept: Callable[[Partition], None] | None = None) -> Partition:
     """The partition of ``labels`` that ``partition_cfg`` describes (cached); raises PartitionError on bad
-    parameters."""
+    parameters, and whatever ``accept(partition)`` raises for a partition the caller cannot use (before it is
+    cached)."""
     params = {k: v for k, v in partition_cfg.items() if k not in ("scheme", "val_fraction")}
     return cached_partition(
         cache_dir,
@@ -233,6 +235,7 @@ def partition_labels(labels: LabelInfo, dataset_name: str, partition_cfg: Mappin
         num_clients,
         data_seed,
         val_fraction=float(partition_cfg.get("val_fraction", 0.0)),
+        accept=accept,
         **params,
     )
 
@@ -246,11 +249,13 @@ def partition_sources(
     num_clients: int,
     data_seed: int,
     cache_dir: str | Path | None = None,
+    accept: Callable[[Partition], None] | None = None,
 ) -> tuple[LabelInfo, Partition]:
-    """The labels of loaded sources and their partition (cached); raises PartitionError on bad parameters."""
+    """The labels of loaded sources and their partition (cached); raises PartitionError on bad parameters, and
+    whatever ``accept(partition)`` raises for a partition the caller cannot use (before it is cached)."""
     labels = source_labels(train, test)
     return labels, partition_labels(labels, dataset_name, partition_cfg, num_clients=num_clients,
-                                    data_seed=data_seed, cache_dir=cache_dir)
+                                    data_seed=data_seed, cache_dir=cache_dir, accept=accept)
 
 
 def build_federated_data(
@@ -263,12 +268,14 @@ def build_federated_data(
     cache_dir: str | Path | None = None,
     device: str | torch.device = "cpu",
     sources: tuple[list[ImageData], list[ImageData]] | None = None,
+    accept: Callable[[Partition], None] | None = None,
 ) -> FederatedData:
-    """Load the sources (unless given, as from :func:`load_sources`), partition them (cached) and gather the
-    used samples into a pool on ``device``."""
+    """Load the sources (unless given, as from :func:`load_sources`), partition them (cached; ``accept`` as in
+    :func:`partition_sources`) and gather the used samples into a pool on ``device``."""
     train, test = sources if sources is not None else load_sources(dataset_cfg, data_root)
     labels, partition = partition_sources(train, test, str(dataset_cfg["name"]), partition_cfg,
-                                          num_clients=num_clients, data_seed=data_seed, cache_dir=cache_dir)
+                                          num_clients=num_clients, data_seed=data_seed, cache_dir=cache_dir,
+                                          accept=accept)
     classes = train[0].classes
     pool_images = torch.cat([p.images for p in train + test])
     pool_labels = torch.cat([labels.train_labels, labels.test_labels])

@@ -142,6 +142,9 @@ class Method:
     #: the hyperparameter giving the epochs a ``post`` evaluation first fine-tunes the client's model on its
     #: training data (FedBABU, PerFedMask), or None; tables name it in their protocol lines
     post_finetune: ClassVar[str | None] = None
+    #: splits ("train", "test") this method copes with being empty on some clients; a partition leaving a client
+    #: without any other split is refused before the run starts (bench.core.builder.check_clients_nonempty)
+    empty_splits: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, fed: Federation, hp: Any) -> None:
         self.fed = fed
