@@ -101,6 +101,7 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     diverged: set[tuple[str, str]] = set()
     untrained: dict[tuple[str, str], list[str]] = {}  # (row, output column) -> why, per seed
     unchecked = 0  # runs not judged against chance
+    metrics: dict[str, dict[tuple[str, str], list[float]]] = {}  # spec metrics -> (row, column) -> per seed
     for cell, path in dirs.items():
         run = RunDir(path)
         state = run.summary_state()
@@ -134,6 +135,10 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
                         at = record["clients"].index(column.client) if column.client in record["clients"] else None
                         if at is not None:
                             values.setdefault((cell.row, column.name), {})[cell.seed] = record["acc"][at]
+        for name in spec.get("metrics", []):  # the method's final-round numbers the spec shows (summary.final_metrics)
+            value = summary.get("final_metrics", {}).get(name)
+            if isinstance(value, int | float):
+                metrics.setdefault(name, {}).setdefault((cell.row, cell.column), []).append(float(value))
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
         stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, run_imports(path))
         finished[(cell.row, cell.column)] = finished.get((cell.row, cell.column), 0) + 1
@@ -173,6 +178,8 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
         + (["runs from different code versions"] if len(codes[(row, column)]) > 1 else []))
         for row, column in stale_cells]
     frame.attrs["row_protocols"] = protocol_notes(spec, dirs)
+    frame.attrs["metrics"] = {name: [{"row": row, "column": column, "mean": sum(v) / len(v), "runs": len(v)}
+                                     for (row, column), v in cells.items()] for name, cells in metrics.items()}
     frame.attrs["test_images"] = [min(test_images), max(test_images)] if test_images else []
     frame.attrs["seeds"] = sorted({int(n) for n in frame["seeds"] if n})
     frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],

@@ -202,6 +202,22 @@ def comparisons(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def metric_tables(frame: pd.DataFrame) -> list[str]:
+    """Markdown: per metric the spec names (``metrics:``), its final-round value per row and column, mean over the
+    runs that record it (``summary.json``'s ``final_metrics``)."""
+    lines = []
+    for name, entries in frame.attrs.get("metrics", {}).items():
+        if not entries:
+            continue
+        table = pd.DataFrame(entries).pivot(index="row", columns="column", values="mean")
+        order = list(dict.fromkeys(e["row"] for e in entries))
+        table = table.loc[order, list(dict.fromkeys(e["column"] for e in entries))].map(lambda v: f"{v:.4g}")
+        table.index.name = "method"
+        lines += [f"`{name}` at the final round (the method's own record; mean over seeds):", "",
+                  markdown_table(table), ""]
+    return lines
+
+
 def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
     """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
     lines = [f"# {title(spec, scale)}", ""]
@@ -209,6 +225,7 @@ def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list
         lines += [paragraph, ""]
     lines += [markdown_table(wide_table(frame, scale)), ""]
     lines += comparisons(frame)
+    lines += metric_tables(frame)
     tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
              for column, point in row.get("tuned", {}).items()]
     if tuned:
@@ -250,6 +267,7 @@ def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems:
     stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
     stats["row_protocols"] = frame.attrs.get("row_protocols", {})
     stats["unchecked_runs"] = frame.attrs.get("unchecked_runs", 0)
+    stats["metrics"] = frame.attrs.get("metrics", {})
     atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
     return base.with_suffix(".md")
 

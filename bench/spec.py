@@ -92,6 +92,10 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
         if key not in spec:
             raise ValueError(f"table spec {path} lacks the key {key!r}")
+    shown = spec.get("metrics", [])
+    if not isinstance(shown, list) or not all(isinstance(n, str) for n in shown):
+        raise ValueError(f"table spec {path}: metrics is {shown!r}: give a list of names the methods record "
+                         "(e.g. [personal_fraction])")
     notes = spec.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ValueError(f"table spec {path}: notes is {notes!r}: give a list of sentences (caption lines)")

@@ -19,6 +19,7 @@ A table spec (YAML)::
     base: [num_clients=40, ...]                  # Hydra overrides for every cell
     compare: FedCAC                              # optional: this row minus the best other, paired over seeds
     notes: ["Code over text: ..."]               # optional: caption lines (e.g. where the official code decides)
+    metrics: [personal_fraction]                 # optional: method metrics at the final round, shown per row/column
     columns:                                     # one per result column
       - {name: "CIFAR-10 a=0.1", dataset: cifar10, model: resnet8,
          overrides: [partition=dirichlet, partition.alpha=0.1], paper: {dataset: cifar10, setting: dir-0.1}}

@@ -195,3 +195,23 @@ def test_spec_notes_are_caption_lines_and_fedcac_names_its_code_over_text_choice
     assert any(line.startswith("Code over text") and "bn_stats=critical" in line for line in lines)
     with pytest.raises(ValueError, match="notes"):
         load_spec(spec_file(tmp_path, SPEC + "notes: just one string\n"))
+
+
+def test_a_spec_shows_the_methods_final_round_metrics_per_row_and_column(tmp_path):
+    from bench.collect import collect
+    from bench.render import render
+
+    spec = load_spec(spec_file(tmp_path, PER_CLIENT_SPEC + "metrics: [personal_fraction]\n"))
+    cells = expand(spec, "paper", seeds=[0, 1])
+    dirs = {}
+    for cell, share in zip(cells, (0.25, 0.75), strict=True):
+        run = fake_run(tmp_path / f"run{cell.seed}", [90.0, 80.0], [100, 100], [[10] * 10, [10] * 10])
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "final_metrics": {"personal_fraction": share}}))
+        dirs[cell] = run
+    frame, _ = collect(spec, "paper", dirs)
+    assert frame.attrs["metrics"]["personal_fraction"] == [{"row": "Local", "column": "Avg", "mean": 0.5, "runs": 2}]
+    md = render(spec, "paper", frame, [])
+    assert "`personal_fraction` at the final round" in md and "| Local | 0.5 |" in md
+    with pytest.raises(ValueError, match="metrics"):
+        load_spec(spec_file(tmp_path, PER_CLIENT_SPEC + "metrics: personal_fraction\n"))
