@@ -87,7 +87,7 @@ document.body.dataset.brokenImages=String(i.filter(function(x){return !x.complet
 
 LEGEND = ("⚑ difference from the paper above two of our standard deviations (paper scale only) · "
           "‡ averaged in, but computed by other code than this tree (stale) · "
-          "✗ not averaged in (missing, failed, partial, diverged or not run) · "
+          "✗ not averaged in (missing, failed, partial, diverged, did not train or not run) · "
           "§ the paper's number from a secondary source, not the paper's text · n = seeds averaged")
 
 
@@ -411,8 +411,9 @@ def flagged_cells(table: Table) -> tuple[dict[tuple[str, str], str], set[tuple[s
             for name, cell in zip(head[1:], row[1:], strict=False):
                 if name.endswith(" (ours)") and "‡" in cell:
                     stale.add((row[0], name.removesuffix(" (ours)")))
-                if name.endswith(" (ours)") and cell.startswith("diverged"):
-                    problems.setdefault((row[0], name.removesuffix(" (ours)")), "diverged")
+                for state in ("diverged", "did not train"):
+                    if name.endswith(" (ours)") and cell.startswith(state):
+                        problems.setdefault((row[0], name.removesuffix(" (ours)")), state)
     return problems, stale
 
 
