@@ -12,7 +12,8 @@ s_i = min(r_i, sparsity) (the client's capacity r_i when ``sparsity`` is null):
       official) the other chunks are taken greedily in order of g, skipping a chunk that does not fit, while their
       sizes sum to <= round((s_i - g_min) * their group size), g_min the clip above (official
       ``pFedGate/gated_learner.py`` l. 216-222, 247); at s_i = 1 every block is kept (l. 195)
-  weights: theta_b * g_b for a kept block b, 0 for a dropped one (the gate learns through g)
+  weights: theta_b * g_b for a kept block b, 0 for a dropped one (the gate learns through g); the gate's output
+      norm starts with shift ``gate_bias`` (official 0), so g starts near sigmoid(gate_bias)
 
 so about g_min + (s_i - g_min)(1 - 1/blocks_per_tensor) of the parameters are non-zero in a forward pass: s_i
 when s_i >= 1 / blocks_per_tensor, and one chunk per tensor (above s_i) when the budget is smaller. Local training
@@ -43,6 +44,7 @@ class PFedGateHyper:
     gate_lr: float  # learning rate of the gating layer (Pa3dFL's tuned value)
     gate_clip: float  # max gradient norm of the gating layer (official: 10)
     gate_pool: int  # the gate reads the batch average-pooled to gate_pool x gate_pool
+    gate_bias: float  # initial shift of the gate's output norm: scores start near sigmoid(gate_bias); official 0
 
 
 class GatedModel(nn.Module):
@@ -66,6 +68,7 @@ class GatedModel(nn.Module):
         blocks = len(sizes)
         self.gate = nn.Sequential(nn.BatchNorm2d(in_channels), nn.AdaptiveAvgPool2d(hp.gate_pool), nn.Flatten(),
                                   nn.Linear(in_channels * hp.gate_pool ** 2, blocks), nn.BatchNorm1d(blocks))
+        nn.init.constant_(self.gate[-1].bias, hp.gate_bias)
         self.blocks_per_tensor = hp.blocks_per_tensor
         self.sparsity = 1.0  # s_i of the client being served (set by the method before each use)
 

@@ -191,6 +191,19 @@ def test_pfedgate_keeps_every_layer_at_the_smallest_budget(tmp_path):
     assert {owner[b] for b in keep.nonzero().flatten().tolist()} == set(owner)
 
 
+def test_pfedgate_starts_from_about_the_shared_model(tmp_path):
+    # Issue 30: with the gate's scores at 0.5 (the official start) every weight was halved and the norm-free CNN's
+    # logits were ~16x smaller than the shared model's; it did not train. g starts at sigmoid(gate_bias) now.
+    exp = experiment(tmp_path, "pfedgate")
+    gated = exp.fed.worker.module.train()
+    gated.sparsity = 1.0
+    x, _ = next(exp.data.client(3).batches("train", 10, torch.Generator().manual_seed(0)))
+    weights, _ = gated.block_weights(x)
+    assert float(weights.min()) > 0.9
+    with torch.no_grad():
+        assert float(gated(x).norm() / gated.net(x).norm()) > 0.7
+
+
 def test_pfedgate_forward_uses_the_masked_parameters(tmp_path):
     exp = experiment(tmp_path, "pfedgate")
     gated = exp.fed.worker.module.eval()
