@@ -128,6 +128,14 @@ class FlancLayer(Decomposed):
         return mean * self.basis.shape[0] ** 2 if reduction == "sum" else mean
 
 
+def conv_rank2(out_f: int, in_f: int, k2: int, rank1: int, rank_scale: float) -> int:
+    """Conv R2 = round(rank_scale R1 k^2) (Eq. 14 reconstructed), capped so that U [R1, k^2, R2] and V [T/R1, S, R2]
+    together have no more entries than the dense T x S x k^2 weight they replace (issue 30: uncapped, R1 = T made
+    Ideal ResNet-18 123 M parameters against 11.2 M)."""
+    cap = out_f * in_f * k2 // (rank1 * k2 + out_f // rank1 * in_f)
+    return max(1, min(round(rank_scale * rank1 * k2), cap))
+
+
 #: parameter names of the general (averaged) and personal (generated) parts of both decompositions
 GENERAL, PERSONAL = (".general", ".basis"), (".personal", ".coeff")
 
@@ -255,12 +263,15 @@ class Pa3dFL(Method):
             if hp.decomposition == "flanc":  # FLANC's R1 = rank_width S (p_min S), R2 = basis_ratio T, full model
                 group = layer.weight.shape[1] if first else max(1, round(hp.rank_width * layer.weight.shape[1] / width))
                 return FlancLayer(layer, max(1, math.floor(hp.basis_ratio * round(out_f / width))), group)
-            rank1 = round(hp.rank_width * round(out_f / width))  # R1 of the full model, at every width
+            full_out = round(out_f / width)
+            full_in = layer.weight.shape[1] if first else round(layer.weight.shape[1] / width)
+            rank1 = round(hp.rank_width * full_out)  # R1 of the full model, at every width
             if rank1 < 1 or out_f % rank1:
                 raise ValueError(f"Pa3dFL: {name} has {out_f} outputs at width {width}, not whole blocks of "
                                  f"R1 = {rank1}: choose method.rank_width dividing every width")
-            rank2 = rank1 if isinstance(layer, nn.Linear) else max(1, round(hp.rank_scale * rank1 * k2))
-            return Pa3dLayer(layer, rank1, rank2)
+            if isinstance(layer, nn.Linear):
+                return Pa3dLayer(layer, rank1, rank1)
+            return Pa3dLayer(layer, rank1, conv_rank2(full_out, full_in, k2, rank1, hp.rank_scale))
 
         decompose(model.body, make)
         return Pa3dModel(model)

@@ -5,6 +5,7 @@ validation data only, and runs with Hetero capacities that resume to identical r
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -14,8 +15,9 @@ from torch import nn
 from bench.compose import to_container
 from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
+from bench.core.models import MODELS, build_model
 from bench.run import execute
-from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFLHyper, Pa3dLayer, pa3d_layers
+from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
 from tests.test_widths import interrupted_then_resumed
@@ -41,6 +43,32 @@ def hyper(**changes) -> Pa3dFLHyper:
 
 
 # ------------------------------------------------------------------------------ decomposition (Eqs. 4, 10)
+def zoo(name: str) -> nn.Module:
+    """The zoo's ``name`` at its default input, 10 classes; ResNets with Pa3dFL's GroupNorm."""
+    options = inspect.signature(MODELS.get(name)).parameters
+    extra = {"norm": "gn"} if name.startswith("resnet") else {}
+    return build_model(name, num_classes=10, in_channels=int(options["in_channels"].default),
+                       image_size=int(options["image_size"].default), **extra)
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_ideal_pa3dfl_is_about_the_size_of_the_plain_model(name):
+    # Issue 30: with conv R2 = R1 k^2 and the Ideal R1 = T, U alone was up to 20x the plain model (ResNet-18: 134 M
+    # against 11.2 M). The cap keeps every decomposed conv at most its dense size; what remains above FedAvg's model
+    # is each linear layer's U (R1^2 = T^2, R2 = R1 as App. A) and the local head. Measured (Ideal / plain): ResNets
+    # 0.997-0.998, lenet64 1.04, small_cnn 1.12, cnn_fmnist 1.16, cnn_cifar100 1.23, cnn_fedavg 1.46.
+    plain = sum(p.numel() for p in zoo(name).parameters())
+    model = Pa3dFL.extend_model(zoo(name), hyper(rank_width=1.0), 1.0)
+    layers = pa3d_layers(model)
+    for layer in layers:
+        if layer.conv is not None and layer.general.shape[-1] > 1:  # (R2 = 1 is the least there is)
+            assert layer.general.numel() + layer.personal.numel() <= layer.weight().numel()
+    linear_u = sum(layer.general.numel() for layer in layers if layer.conv is None)
+    total = sum(p.numel() for p in model.parameters())
+    assert total - plain <= linear_u + sum(p.numel() for p in model.local.parameters())
+    assert total <= 1.5 * plain
+
+
 @pytest.mark.parametrize("layer", [nn.Conv2d(3, 8, 3, padding=1), nn.Linear(6, 8)])
 def test_decomposition_recovers_w_exactly_from_u_and_v(layer):
     torch.manual_seed(0)
