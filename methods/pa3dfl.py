@@ -47,7 +47,8 @@ class Pa3dFLHyper:
     rank_scale: float  # conv R2 = round(rank_scale * R1 * k^2)
     width_step: float | None  # client widths are multiples of this; None = p_min
     tau_init: float  # initial softmax temperature of every layer
-    embed_std: float  # embeddings ~ N(0, embed_std^2)
+    embed_std: float | None  # embeddings ~ N(0, embed_std^2); None: the std that gives init_entropy
+    init_entropy: float  # embed_std None: the initial attention's mean entropy, as a fraction of ln N
     decoder_init: str  # default: PyTorch's init | model: bias = the decomposed initial model, weight = 0
     hn_clip: float  # gradient-norm clip of the hypernetwork update
     orth_reduction: str  # mean | sum of the squared off-diagonal entries of u_a^T u_a
@@ -66,6 +67,8 @@ class Pa3dFLHyper:
                 raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: use one of {list(allowed)}")
         if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < self.rank_width <= 1:
             raise ValueError("method.fusion_steps and method.encoder_depth must be >= 1, method.rank_width in (0, 1]")
+        if not 0 < self.init_entropy < 1:
+            raise ValueError(f"method.init_entropy={self.init_entropy} is invalid: it must be in (0, 1)")
 
 
 class Pa3dLayer(nn.Module):
@@ -183,13 +186,31 @@ class HyperNet(nn.Module):
 
     def __init__(self, num_clients: int, sizes: Sequence[int], hp: Pa3dFLHyper) -> None:
         super().__init__()
-        self.embeddings = nn.Parameter(torch.randn(num_clients, hp.embed_dim) * hp.embed_std)
+        draws = torch.randn(num_clients, hp.embed_dim)
         layers: list[nn.Module] = [nn.Linear(hp.embed_dim, hp.hidden_dim)]
         for _ in range(hp.encoder_depth - 1):
             layers += [nn.ReLU(), nn.Linear(hp.hidden_dim, hp.hidden_dim)]
         self.encoder = nn.Sequential(*layers)
         self.log_tau = nn.Parameter(torch.full((len(sizes),), math.log(hp.tau_init)))
         self.decoders = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(hp.hidden_dim, n)) for n in sizes)
+        std = hp.embed_std if hp.embed_std is not None else self.calibrated_std(draws, hp.init_entropy)
+        self.embeddings = nn.Parameter(draws * std)
+
+    @torch.no_grad()
+    def entropy(self, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        """Per layer, the mean over clients of the entropy (nats) of the client's attention weights (Eq. 9)."""
+        encoded = self.encoder(self.embeddings if embeddings is None else embeddings)
+        logits = (encoded @ encoded.T)[None] / self.log_tau.exp()[:, None, None]  # [L, N, N]
+        return -(torch.softmax(logits, 2) * torch.log_softmax(logits, 2)).sum(2).mean(1)
+
+    def calibrated_std(self, draws: torch.Tensor, fraction: float) -> float:
+        """The s for which embeddings s * draws give a mean initial attention entropy of fraction * ln N (bisection
+        on log s: larger embeddings sharpen the attention)."""
+        target, lo, hi = fraction * math.log(len(draws)), -4.0, 4.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if float(self.entropy(draws * 10 ** mid).mean()) > target else (lo, mid)
+        return 10 ** ((lo + hi) / 2)
 
     def attention(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(a_i: [L, N], each row softmax(<e'_i, e'_j> / tau_l) over j; E' = Enc(E): [N, d_h])."""
@@ -303,6 +324,8 @@ class Pa3dFL(Method):
     def setup(self, init: torch.Tensor) -> None:
         self.state["global"] = init  # U, biases, norms and the frozen global head (V's entries are never used)
         self.state["trained"] = {}  # cid -> the client's last locally trained model (B of Alg. 1)
+        self.state["alpha"] = {}  # cid -> alpha of the last 'post' evaluation not yet recorded, and its round
+        self.state["alpha_round"] = 0
         if self.hp.personal_aggregation == "local":  # no hypernetwork: V and the local head start from the init
             self.state["personal"] = init[self._gen].repeat(self.fed.num_clients, 1)
         if self.hp.width_params == "local":
@@ -364,12 +387,28 @@ class Pa3dFL(Method):
         opt.zero_grad(set_to_none=True)
 
     def metrics(self, round_: int) -> dict[str, Any]:
-        return {"tau": self.state["hn"]["net"].log_tau.detach().exp().tolist()}
+        """tau and the attention's mean entropy per layer (ln N = uniform) after this round's update, and the fusion
+        alpha each client took at the last 'post' evaluation (the engine evaluates after this call)."""
+        out: dict[str, Any] = {}
+        if self.hp.personal_aggregation == "hypernetwork":
+            net = self.state["hn"]["net"]
+            out = {"tau": net.log_tau.detach().exp().tolist(), "attention_entropy": net.entropy().tolist()}
+        if self.state["alpha"]:
+            alphas = self.state["alpha"]
+            out |= {"fusion_round": self.state["alpha_round"],
+                    "fusion_alpha": [alphas.get(c) for c in range(self.fed.num_clients)]}
+            self.state["alpha"] = {}
+        return out
 
     # ------------------------------------------------------------------ evaluation: fusion (App. C.2)
     def eval_model(self, cid: int, stage: str, model: FlatModel, round_: int, lr: float) -> torch.Tensor:
         self.fusion = None
-        return model.vector if stage == "pre" else self.fuse(cid, model)
+        if stage == "pre":
+            return model.vector
+        vector = self.fuse(cid, model)
+        assert self.fusion is not None
+        self.state["alpha"][cid], self.state["alpha_round"] = self.fusion.alpha, round_
+        return vector
 
     @torch.no_grad()
     def fuse(self, cid: int, model: FlatModel) -> torch.Tensor:

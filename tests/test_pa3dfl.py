@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def experiment(tmp_path, *overrides: str):
 
 def hyper(**changes) -> Pa3dFLHyper:
     values = dict(lam=0.1, hn_lr=0.1, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25, rank_scale=1.0,
-                  width_step=None, tau_init=1.0, embed_std=1.0, decoder_init="default", hn_clip=50.0,
+                  width_step=None, tau_init=1.0, embed_std=1.0, init_entropy=0.5, decoder_init="default", hn_clip=50.0,
                   orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
                   fusion_space="dense", ties_to_global=True, decomposition="pa3dfl", basis_ratio=0.25,
                   personal_aggregation="hypernetwork")
@@ -98,6 +99,22 @@ def test_pruning_v_then_recovering_equals_recovering_then_slicing_w():
         narrow.personal.copy_(full.personal[:2, :3])  # Prune(V, 1/2), Eq. 10
     torch.testing.assert_close(narrow.weight(), full.weight()[:4, :3], rtol=0, atol=1e-15)  # (summation order)
     assert not torch.allclose(narrow.weight(), full.weight()[4:, :3])
+
+
+def test_the_hypernetwork_personalises_from_the_start_and_its_attention_and_alphas_are_recorded(tmp_path):
+    # Issue 30: embeddings N(0, 0.01^2) gave exactly uniform attention (entropy ln N) and the same V for every client.
+    exp = experiment(tmp_path)
+    net, n = exp.method.state["hn"]["net"], exp.fed.num_clients
+    assert torch.allclose(net.entropy().mean(), torch.tensor(0.5 * math.log(n)), atol=1e-3)  # init_entropy 0.5
+    with torch.no_grad():
+        first, second = net(0), net(1)
+    assert float((first - second).norm() / first.norm()) > 0.01
+    engine = exp.engine()
+    (record,) = [r for r in engine.round(1, evaluate=True) if r["kind"] == "method"]
+    assert len(record["attention_entropy"]) == len(net.decoders) and "fusion_alpha" not in record
+    (record,) = [r for r in engine.round(2, evaluate=False) if r["kind"] == "method"]
+    assert record["fusion_round"] == 1 and len(record["fusion_alpha"]) == n  # the alphas of round 1's evaluation
+    assert all(a in [k / 10 for k in range(11)] for a in record["fusion_alpha"])
 
 
 def test_a_narrow_client_gets_the_prefix_slice_of_its_full_width_model(tmp_path):
