@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import widths_for
+from bench.core.capacity import client_capacities, widths_for
 from bench.core.engine import METHODS, ClientRound, Federation, Method, evaluate
 from bench.core.flat import FlatModel
 from bench.core.seeding import derive_seed
@@ -43,7 +43,7 @@ class Pa3dFLHyper:
     embed_dim: int  # client embedding size
     hidden_dim: int  # encoder width (the attention's feature size)
     encoder_depth: int  # Linear layers of the encoder
-    rank_width: float  # R1 = rank_width * T (the paper: p_min)
+    rank_width: float | None  # R1 = rank_width * T; None: p_min, the weakest client's width (App. A)
     rank_scale: float  # conv R2 = round(rank_scale * R1 * k^2)
     width_step: float | None  # client widths are multiples of this; None = p_min
     tau_init: float  # initial softmax temperature of every layer
@@ -60,15 +60,32 @@ class Pa3dFLHyper:
     decomposition: str  # pa3dfl: W = U V of Eq. 4 | flanc: FLANC's W = C B (Eq. 3), B general, C personal (Table 3)
     basis_ratio: float  # decomposition=flanc: R2 = floor(basis_ratio * T) basis filters (FLANC's 1/4)
     personal_aggregation: str  # hypernetwork (Eqs. 7-9) | local: each client keeps its own V and local head (Table 3)
+    #: the run's capacity config, num_clients and data_seed (conf/method/pa3dfl.yaml interpolates them), from which
+    #: extend_model, which does not see the federation, computes p_min for rank_width None
+    federation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: use one of {list(allowed)}")
-        if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < self.rank_width <= 1:
+        rank = 1.0 if self.rank_width is None else self.rank_width
+        if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < rank <= 1:
             raise ValueError("method.fusion_steps and method.encoder_depth must be >= 1, method.rank_width in (0, 1]")
         if not 0 < self.init_entropy < 1:
             raise ValueError(f"method.init_entropy={self.init_entropy} is invalid: it must be in (0, 1)")
+        if self.rank_width is None and not self.federation:
+            raise ValueError("method.rank_width=null (p_min) needs method.federation (the run's capacity, num_clients "
+                             "and data_seed, as conf/method/pa3dfl.yaml sets them)")
+
+    def rank(self) -> float:
+        """R1 / T: ``rank_width``, or p_min, the smallest client width of the federation ``federation`` describes
+        (App. A: "we always fixed R1 = p_min T", p_min "depends on the lowest capacity of clients")."""
+        if self.rank_width is not None:
+            return self.rank_width
+        assert self.federation is not None
+        capacities = client_capacities(self.federation["capacity"], int(self.federation["num_clients"]),
+                                       int(self.federation["data_seed"]))
+        return min(widths_for(capacities, "multiple", self.width_step))
 
 
 class Pa3dLayer(nn.Module):
@@ -193,7 +210,9 @@ class HyperNet(nn.Module):
         self.encoder = nn.Sequential(*layers)
         self.log_tau = nn.Parameter(torch.full((len(sizes),), math.log(hp.tau_init)))
         self.decoders = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(hp.hidden_dim, n)) for n in sizes)
-        std = hp.embed_std if hp.embed_std is not None else self.calibrated_std(draws, hp.init_entropy)
+        std = hp.embed_std
+        if std is None:  # (a meta-device network only gives sizes)
+            std = 1.0 if draws.is_meta else self.calibrated_std(draws, hp.init_entropy)
         self.embeddings = nn.Parameter(draws * std)
 
     @torch.no_grad()
@@ -254,9 +273,13 @@ class Pa3dFL(Method):
     def __init__(self, fed: Federation, hp: Pa3dFLHyper) -> None:
         super().__init__(fed, hp)
         self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
-        bad = sorted({w for w in self.widths if abs(w / hp.rank_width - round(w / hp.rank_width)) > 1e-9})
+        rank = hp.rank()
+        if hp.rank_width is None and rank != min(self.widths):
+            raise ValueError(f"Pa3dFL: method.federation gives p_min = {rank}, this run's clients {min(self.widths)}: "
+                             "it must be the run's capacity, num_clients and data_seed")
+        bad = sorted({w for w in self.widths if abs(w / rank - round(w / rank)) > 1e-9})
         if bad:
-            raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={hp.rank_width}: set it "
+            raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={rank}: set it "
                              f"to p_min = {min(self.widths)} (Eq. 10 prunes whole blocks of R1 channels)")
         full = fed.worker
         self._gen = full.mask(lambda e: e.name.endswith(PERSONAL) or e.name.startswith("local."))
@@ -279,14 +302,16 @@ class Pa3dFL(Method):
 
     @classmethod
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:
+        rank = hp.rank()
+
         def make(name: str, layer: nn.Conv2d | nn.Linear, first: bool) -> nn.Module:
             out_f, k2 = layer.weight.shape[0], math.prod(layer.weight.shape[2:])
             if hp.decomposition == "flanc":  # FLANC's R1 = rank_width S (p_min S), R2 = basis_ratio T, full model
-                group = layer.weight.shape[1] if first else max(1, round(hp.rank_width * layer.weight.shape[1] / width))
+                group = layer.weight.shape[1] if first else max(1, round(rank * layer.weight.shape[1] / width))
                 return FlancLayer(layer, max(1, math.floor(hp.basis_ratio * round(out_f / width))), group)
             full_out = round(out_f / width)
             full_in = layer.weight.shape[1] if first else round(layer.weight.shape[1] / width)
-            rank1 = round(hp.rank_width * full_out)  # R1 of the full model, at every width
+            rank1 = round(rank * full_out)  # R1 of the full model, at every width
             if rank1 < 1 or out_f % rank1:
                 raise ValueError(f"Pa3dFL: {name} has {out_f} outputs at width {width}, not whole blocks of "
                                  f"R1 = {rank1}: choose method.rank_width dividing every width")

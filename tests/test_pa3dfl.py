@@ -307,6 +307,18 @@ def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, 
     assert '"stage": "post"' in whole and '"stage": "pre"' in whole and '"round": 4' in whole and '"tau"' in whole
 
 
+@pytest.mark.parametrize(("capacity", "p_min"), [(HETERO, 0.25), (("capacity.setting=ideal",), 1.0)])
+def test_r1_is_the_weakest_clients_width_times_t(tmp_path, capacity, p_min):
+    # Issue 30: R1 was T/16 whatever the federation; App. A fixes R1 = p_min T, p_min from the lowest capacity.
+    exp = build_experiment(to_container(config(tmp_path, *FAST, *capacity)))
+    assert min(exp.method.widths) == p_min
+    for layer in pa3d_layers(exp.fed.worker.module):  # V: [T/R1, S, R2]
+        assert layer.personal.shape[0] == round(1 / p_min)
+    with pytest.raises(ValueError, match="p_min"):  # a federation config that is not the run's
+        build_experiment(to_container(config(tmp_path, *FAST, *capacity,
+                                             "method.federation.capacity={setting:grid,low:0.01,high:1.0}")))
+
+
 def test_refuses_a_rank_width_that_does_not_divide_every_width(tmp_path):
     with pytest.raises(ValueError, match="rank_width"):
         build_experiment(to_container(config(tmp_path, *FAST, *HETERO, "method.rank_width=0.5")))
