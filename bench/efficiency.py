@@ -791,8 +791,8 @@ NOTES = (
     "Pa3dFL is not measured yet (bench.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
     if "pa3dfl" in NOT_BUILT else
     "pa3dfl = Pa3dFL's client model: every body layer decomposed into U [R1, k^2, R2] (general) and V [T/R1, S, R2] "
-    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2 capped at the dense "
-    "layer's size, at width sqrt(r); U "
+    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2 capped at the "
+    "layer's rank bound (T/R1) S, at width sqrt(r); U "
     "is never pruned (Eq. 10), so every client holds each layer's full U; "
     "each weight is composed from U V (an einsum, counted) and then applied as one convolution; the step trains the "
     "local head (the global head is fixed, so only its size counts). Its server hypernetwork (conf/method/pa3dfl.yaml: "

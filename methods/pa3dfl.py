@@ -46,9 +46,9 @@ class Pa3dFLHyper:
     rank_width: float | None  # R1 = rank_width * T; None: p_min, the weakest client's width (App. A)
     rank_scale: float  # conv R2 = round(rank_scale * R1 * k^2)
     width_step: float | None  # client widths are multiples of this; None = p_min
-    tau_init: float  # initial softmax temperature of every layer
-    embed_std: float | None  # embeddings ~ N(0, embed_std^2); None: the std that gives init_entropy
-    init_entropy: float  # embed_std None: the initial attention's mean entropy, as a fraction of ln N
+    tau_init: float | None  # initial softmax temperature of every layer; None: the one that gives init_entropy
+    embed_std: float  # embeddings ~ N(0, embed_std^2)
+    init_entropy: float  # tau_init None: the initial attention's mean entropy, as a fraction of ln N
     decoder_init: str  # default: PyTorch's init | model: bias = the decomposed initial model, weight = 0
     hn_clip: float  # gradient-norm clip of the hypernetwork update
     orth_reduction: str  # mean | sum of the squared off-diagonal entries of u_a^T u_a
@@ -90,7 +90,8 @@ class Pa3dFLHyper:
 
 class Pa3dLayer(nn.Module):
     """A ``Conv2d`` / ``Linear`` as general ``general`` [R1, k^2, R2] x personal ``personal`` [T/R1, S, R2] (Eq. 4),
-    initialised from the layer's own weight (exact when R2 >= R1 k^2; a projection otherwise)."""
+    initialised from the layer's own weight: U orthogonal, V = U^T W when R2 >= R1 k^2; else U the top R2 left
+    singular vectors of W arranged as (R1 k^2) x ((T/R1) S), exact when R2 reaches that matrix's rank."""
 
     def __init__(self, layer: nn.Conv2d | nn.Linear, rank1: int, rank2: int) -> None:
         super().__init__()
@@ -108,6 +109,11 @@ class Pa3dLayer(nn.Module):
         with torch.no_grad():
             nn.init.orthogonal_(self.general.view(-1, rank2))
             w = layer.weight.reshape(out_f // rank1, rank1, in_f, -1)  # [b, a, s, k^2], t = b R1 + a
+            matrix = w.permute(1, 3, 0, 2).reshape(rank1 * w.shape[3], -1)  # [(a, k^2), (b, s)]
+            # U cannot span R^{R1 k^2}: W's top singular subspace (a narrow worker's values are never used: it
+            # holds fewer columns than the full model's R2 and keeps the orthogonal start)
+            if rank2 < matrix.shape[0] and rank2 <= matrix.shape[1]:
+                self.general.copy_(torch.linalg.svd(matrix, full_matrices=False)[0][:, :rank2].view_as(self.general))
             self.personal.copy_(torch.einsum("akr,bask->bsr", self.general, w))
 
     def weight(self) -> torch.Tensor:
@@ -149,11 +155,11 @@ class FlancLayer(Decomposed):
 
 
 def conv_rank2(out_f: int, in_f: int, k2: int, rank1: int, rank_scale: float) -> int:
-    """Conv R2 = round(rank_scale R1 k^2) (Eq. 14 reconstructed), capped so that U [R1, k^2, R2] and V [T/R1, S, R2]
-    together have no more entries than the dense T x S x k^2 weight they replace (issue 30: uncapped, R1 = T made
-    Ideal ResNet-18 123 M parameters against 11.2 M)."""
-    cap = out_f * in_f * k2 // (rank1 * k2 + out_f // rank1 * in_f)
-    return max(1, min(round(rank_scale * rank1 * k2), cap))
+    """Conv R2 = round(rank_scale R1 k^2) (Eq. 14 reconstructed), capped at (T/R1) S: W arranged as the
+    (R1 k^2) x ((T/R1) S) matrix U V has rank at most min(R1 k^2, (T/R1) S), so a larger R2 adds entries and no
+    expressiveness (issue 30: uncapped, the Ideal R1 = T made U alone T^2 k^4 per layer, Ideal ResNet-18 134 M
+    parameters against 11.2 M)."""
+    return max(1, min(round(rank_scale * rank1 * k2), out_f // rank1 * in_f))
 
 
 #: parameter names of the general (averaged) and personal (generated) parts of both decompositions
@@ -203,33 +209,34 @@ class HyperNet(nn.Module):
 
     def __init__(self, num_clients: int, sizes: Sequence[int], hp: Pa3dFLHyper) -> None:
         super().__init__()
-        draws = torch.randn(num_clients, hp.embed_dim)
+        self.embeddings = nn.Parameter(torch.randn(num_clients, hp.embed_dim) * hp.embed_std)
         layers: list[nn.Module] = [nn.Linear(hp.embed_dim, hp.hidden_dim)]
         for _ in range(hp.encoder_depth - 1):
             layers += [nn.ReLU(), nn.Linear(hp.hidden_dim, hp.hidden_dim)]
         self.encoder = nn.Sequential(*layers)
-        self.log_tau = nn.Parameter(torch.full((len(sizes),), math.log(hp.tau_init)))
+        self.log_tau = nn.Parameter(torch.zeros(len(sizes)))
         self.decoders = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(hp.hidden_dim, n)) for n in sizes)
-        std = hp.embed_std
-        if std is None:  # (a meta-device network only gives sizes)
-            std = 1.0 if draws.is_meta else self.calibrated_std(draws, hp.init_entropy)
-        self.embeddings = nn.Parameter(draws * std)
+        with torch.no_grad():  # (a meta-device network only gives sizes)
+            if hp.tau_init is not None or self.log_tau.is_meta:
+                self.log_tau.fill_(math.log(hp.tau_init or 1.0))
+            else:
+                self.log_tau.fill_(self.calibrated_log_tau(hp.init_entropy))
 
     @torch.no_grad()
-    def entropy(self, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+    def entropy(self, log_tau: torch.Tensor | None = None) -> torch.Tensor:
         """Per layer, the mean over clients of the entropy (nats) of the client's attention weights (Eq. 9)."""
-        encoded = self.encoder(self.embeddings if embeddings is None else embeddings)
-        logits = (encoded @ encoded.T)[None] / self.log_tau.exp()[:, None, None]  # [L, N, N]
-        return -(torch.softmax(logits, 2) * torch.log_softmax(logits, 2)).sum(2).mean(1)
+        encoded = self.encoder(self.embeddings)
+        tau = (self.log_tau if log_tau is None else log_tau).exp()
+        weights = torch.softmax((encoded @ encoded.T)[None] / tau[:, None, None], 2)  # [L, N, N]
+        return torch.special.entr(weights).sum(2).mean(1)
 
-    def calibrated_std(self, draws: torch.Tensor, fraction: float) -> float:
-        """The s for which embeddings s * draws give a mean initial attention entropy of fraction * ln N (bisection
-        on log s: larger embeddings sharpen the attention)."""
-        target, lo, hi = fraction * math.log(len(draws)), -4.0, 4.0
-        for _ in range(50):
+    def calibrated_log_tau(self, fraction: float) -> float:
+        """log tau for which the attention's mean entropy is fraction * ln N (bisection: a smaller tau sharpens it)."""
+        target, lo, hi = fraction * math.log(len(self.embeddings)), -20.0, 10.0
+        for _ in range(60):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if float(self.entropy(draws * 10 ** mid).mean()) > target else (lo, mid)
-        return 10 ** ((lo + hi) / 2)
+            lo, hi = (lo, mid) if float(self.entropy(torch.full((1,), mid)).mean()) > target else (mid, hi)
+        return (lo + hi) / 2
 
     def attention(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(a_i: [L, N], each row softmax(<e'_i, e'_j> / tau_l) over j; E' = Enc(E): [N, d_h])."""

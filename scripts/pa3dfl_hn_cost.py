@@ -302,8 +302,8 @@ NOTES = (
     "for it (seeded). The per-round values are in table9.json.",
     "HN parameters = embeddings (clients x embed) + encoder + one temperature and one decoder Linear(hidden, |V_l|) "
     "per generated tensor (every decomposed layer's V and the local head). |V_l| is at most the layer's dense "
-    "weight (linear R2 = R1: equal; conv R2 capped at the dense size), so the decoders hold at most about "
-    "(hidden + 1) x the model's parameters.",
+    "weight (linear R2 = R1: equal; conv R2 <= R1 k^2), so the decoders hold at most about (hidden + 1) x the "
+    "model's parameters.",
     "peak RSS = the measuring subprocess's ru_maxrss: the hypernetwork, its gradients (and one gradient's temporary "
     "while it is accumulated), the full and narrower client models, and the Python/torch runtime (rss_before_build_mb "
     "in table9.json).",
