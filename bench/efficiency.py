@@ -80,7 +80,10 @@ PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_efficiency.csv"
 DEFAULT_BATCH_SIZES = (16, 64, 128, 512)
 DEFAULT_SIZE_RATIOS = ("1/256", "1/64", "1/4", "1")
 #: Pa3dFL's CIFAR-10 model (Sec. 6.1, App. D.2): ResNet-18 with GroupNorm (2 groups), torchvision layout
-DEFAULT_CONFIG = ("model=resnet18", "model.options.norm=gn", "model.options.gn_groups=2")
+#: Pa3dFL's R1 = p_min T with the Hetero setting's p_min = 1/16 (r >= 1 %): the measured federation of one client per
+#: size ratio is not the run config's, from which method.rank_width=null would derive p_min
+DEFAULT_CONFIG = ("model=resnet18", "model.options.norm=gn", "model.options.gn_groups=2",
+                  "pa3dfl:method.rank_width=0.0625")
 TABLE2_BATCH_SIZE = 128  # Pa3dFL Table 2's batch size (Sec. 6.4)
 MB = 1e6
 GIGA = 1e9
@@ -788,7 +791,8 @@ NOTES = (
     "Pa3dFL is not measured yet (bench.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
     if "pa3dfl" in NOT_BUILT else
     "pa3dfl = Pa3dFL's client model: every body layer decomposed into U [R1, k^2, R2] (general) and V [T/R1, S, R2] "
-    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2, at width sqrt(r); U "
+    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2 capped at the "
+    "layer's rank bound (T/R1) S, at width sqrt(r); U "
     "is never pruned (Eq. 10), so every client holds each layer's full U; "
     "each weight is composed from U V (an einsum, counted) and then applied as one convolution; the step trains the "
     "local head (the global head is fixed, so only its size counts). Its server hypernetwork (conf/method/pa3dfl.yaml: "

@@ -9,9 +9,10 @@ so a federation of full-width clients averages exactly as FedAvg does.
 
 Two model edits of HeteroFL (Diao et al., ICLR 2021, Sec. 3), both options:
 
-- **scaler**: the output of every conv / linear layer of the body is divided by p in training and left as
-  it is at evaluation (a ``Scaler`` child of the layer, run by a forward hook, so parameter names and the
-  flat layout do not change);
+- **scaler**: the output of every conv / linear layer of the body that a normalisation layer follows is
+  divided by p in training and left as it is at evaluation (a ``Scaler`` child of the layer, run by a forward
+  hook, so parameter names and the flat layout do not change); the norm absorbs the scale, so the model
+  trained is the model evaluated (a layer without a norm after it gets none: ``add_scalers``);
 - **static BN** (``static_bn``): ``sbn`` tracks no BatchNorm statistics in training and recollects them
   before each evaluation by one pass over training data (cumulative average): all clients' data for the
   model a client holds (the server's pass), the client's own data for its locally trained model; ``batch``
@@ -26,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.fx
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
 from bench.core.capacity import widths_for
 from bench.core.engine import ClientRound, Federation, Method
 from bench.core.flat import FlatModel
+from bench.core.models import NORM_TYPES
 
 STATIC_BN = ("sbn", "batch", "none")
 
@@ -62,12 +65,29 @@ def _scale_output(layer: nn.Module, inputs: tuple[Any, ...], output: torch.Tenso
     return layer.scaler(output)
 
 
+def normalised_layers(body: nn.Module) -> list[nn.Conv2d | nn.Linear]:
+    """The conv / linear layers of ``body`` whose output goes only into a normalisation layer (traced by
+    ``torch.fx``): the layers HeteroFL's models put a scaler after, right before their norm."""
+    modules = dict(body.named_modules())
+    graph = torch.fx.symbolic_trace(body).graph
+    is_norm = {node: node.op == "call_module" and isinstance(modules[str(node.target)], NORM_TYPES)
+               for node in graph.nodes}
+    return [modules[str(node.target)] for node in graph.nodes
+            if node.op == "call_module" and isinstance(modules[str(node.target)], nn.Conv2d | nn.Linear)
+            and node.users and all(is_norm[user] for user in node.users)]
+
+
 def add_scalers(body: nn.Module, width: float) -> None:
-    """A scaler after every conv / linear layer of ``body`` (where HeteroFL's models put theirs)."""
-    for layer in list(body.modules()):
-        if isinstance(layer, nn.Conv2d | nn.Linear):
-            layer.add_module("scaler", Scaler(width))
-            layer.register_forward_hook(_scale_output)
+    """A scaler after every conv / linear layer of ``body`` that a normalisation layer follows.
+
+    HeteroFL's models put ``Scaler(rate)`` between each conv and its norm (official ``models/conv.py``,
+    ``models/resnet.py``): the norm divides by the batch's (sBN: the recollected) spread, so x / p in training
+    and x at evaluation give the same normalised output. Without a norm nothing absorbs it, and the model
+    trained (x / p) is not the model evaluated (x): a width-1/4 client's logits differ by ~26x and its predicted
+    classes by 100 %. So a layer not followed by a norm gets no scaler (docs/methods/heterofl.md)."""
+    for layer in normalised_layers(body):
+        layer.add_module("scaler", Scaler(width))
+        layer.register_forward_hook(_scale_output)
 
 
 def batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:

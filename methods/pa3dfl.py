@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import widths_for
+from bench.core.capacity import client_capacities, widths_for
 from bench.core.engine import METHODS, ClientRound, Federation, Method, evaluate
 from bench.core.flat import FlatModel
 from bench.core.seeding import derive_seed
@@ -43,11 +43,12 @@ class Pa3dFLHyper:
     embed_dim: int  # client embedding size
     hidden_dim: int  # encoder width (the attention's feature size)
     encoder_depth: int  # Linear layers of the encoder
-    rank_width: float  # R1 = rank_width * T (the paper: p_min)
+    rank_width: float | None  # R1 = rank_width * T; None: p_min, the weakest client's width (App. A)
     rank_scale: float  # conv R2 = round(rank_scale * R1 * k^2)
     width_step: float | None  # client widths are multiples of this; None = p_min
-    tau_init: float  # initial softmax temperature of every layer
+    tau_init: float | None  # initial softmax temperature of every layer; None: the one that gives init_entropy
     embed_std: float  # embeddings ~ N(0, embed_std^2)
+    init_entropy: float  # tau_init None: the initial attention's mean entropy, as a fraction of ln N
     decoder_init: str  # default: PyTorch's init | model: bias = the decomposed initial model, weight = 0
     hn_clip: float  # gradient-norm clip of the hypernetwork update
     orth_reduction: str  # mean | sum of the squared off-diagonal entries of u_a^T u_a
@@ -59,18 +60,38 @@ class Pa3dFLHyper:
     decomposition: str  # pa3dfl: W = U V of Eq. 4 | flanc: FLANC's W = C B (Eq. 3), B general, C personal (Table 3)
     basis_ratio: float  # decomposition=flanc: R2 = floor(basis_ratio * T) basis filters (FLANC's 1/4)
     personal_aggregation: str  # hypernetwork (Eqs. 7-9) | local: each client keeps its own V and local head (Table 3)
+    #: the run's capacity config, num_clients and data_seed (conf/method/pa3dfl.yaml interpolates them), from which
+    #: extend_model, which does not see the federation, computes p_min for rank_width None
+    federation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: use one of {list(allowed)}")
-        if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < self.rank_width <= 1:
+        rank = 1.0 if self.rank_width is None else self.rank_width
+        if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < rank <= 1:
             raise ValueError("method.fusion_steps and method.encoder_depth must be >= 1, method.rank_width in (0, 1]")
+        if not 0 < self.init_entropy < 1:
+            raise ValueError(f"method.init_entropy={self.init_entropy} is invalid: it must be in (0, 1)")
+        if self.rank_width is None and not self.federation:
+            raise ValueError("method.rank_width=null (p_min) needs method.federation (the run's capacity, num_clients "
+                             "and data_seed, as conf/method/pa3dfl.yaml sets them)")
+
+    def rank(self) -> float:
+        """R1 / T: ``rank_width``, or p_min, the smallest client width of the federation ``federation`` describes
+        (App. A: "we always fixed R1 = p_min T", p_min "depends on the lowest capacity of clients")."""
+        if self.rank_width is not None:
+            return self.rank_width
+        assert self.federation is not None
+        capacities = client_capacities(self.federation["capacity"], int(self.federation["num_clients"]),
+                                       int(self.federation["data_seed"]))
+        return min(widths_for(capacities, "multiple", self.width_step))
 
 
 class Pa3dLayer(nn.Module):
     """A ``Conv2d`` / ``Linear`` as general ``general`` [R1, k^2, R2] x personal ``personal`` [T/R1, S, R2] (Eq. 4),
-    initialised from the layer's own weight (exact when R2 >= R1 k^2; a projection otherwise)."""
+    initialised from the layer's own weight: U orthogonal, V = U^T W when R2 >= R1 k^2; else U the top R2 left
+    singular vectors of W arranged as (R1 k^2) x ((T/R1) S), exact when R2 reaches that matrix's rank."""
 
     def __init__(self, layer: nn.Conv2d | nn.Linear, rank1: int, rank2: int) -> None:
         super().__init__()
@@ -88,6 +109,11 @@ class Pa3dLayer(nn.Module):
         with torch.no_grad():
             nn.init.orthogonal_(self.general.view(-1, rank2))
             w = layer.weight.reshape(out_f // rank1, rank1, in_f, -1)  # [b, a, s, k^2], t = b R1 + a
+            matrix = w.permute(1, 3, 0, 2).reshape(rank1 * w.shape[3], -1)  # [(a, k^2), (b, s)]
+            # U cannot span R^{R1 k^2}: W's top singular subspace (a narrow worker's values are never used: it
+            # holds fewer columns than the full model's R2 and keeps the orthogonal start)
+            if rank2 < matrix.shape[0] and rank2 <= matrix.shape[1]:
+                self.general.copy_(torch.linalg.svd(matrix, full_matrices=False)[0][:, :rank2].view_as(self.general))
             self.personal.copy_(torch.einsum("akr,bask->bsr", self.general, w))
 
     def weight(self) -> torch.Tensor:
@@ -126,6 +152,14 @@ class FlancLayer(Decomposed):
     def orthogonality(self, reduction: str) -> torch.Tensor:  # type: ignore[override]
         mean = super().orthogonality()
         return mean * self.basis.shape[0] ** 2 if reduction == "sum" else mean
+
+
+def conv_rank2(out_f: int, in_f: int, k2: int, rank1: int, rank_scale: float) -> int:
+    """Conv R2 = round(rank_scale R1 k^2) (Eq. 14 reconstructed), capped at (T/R1) S: W arranged as the
+    (R1 k^2) x ((T/R1) S) matrix U V has rank at most min(R1 k^2, (T/R1) S), so a larger R2 adds entries and no
+    expressiveness (issue 30: uncapped, the Ideal R1 = T made U alone T^2 k^4 per layer, Ideal ResNet-18 134 M
+    parameters against 11.2 M)."""
+    return max(1, min(round(rank_scale * rank1 * k2), out_f // rank1 * in_f))
 
 
 #: parameter names of the general (averaged) and personal (generated) parts of both decompositions
@@ -180,8 +214,29 @@ class HyperNet(nn.Module):
         for _ in range(hp.encoder_depth - 1):
             layers += [nn.ReLU(), nn.Linear(hp.hidden_dim, hp.hidden_dim)]
         self.encoder = nn.Sequential(*layers)
-        self.log_tau = nn.Parameter(torch.full((len(sizes),), math.log(hp.tau_init)))
+        self.log_tau = nn.Parameter(torch.zeros(len(sizes)))
         self.decoders = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(hp.hidden_dim, n)) for n in sizes)
+        with torch.no_grad():  # (a meta-device network only gives sizes)
+            if hp.tau_init is not None or self.log_tau.is_meta:
+                self.log_tau.fill_(math.log(hp.tau_init or 1.0))
+            else:
+                self.log_tau.fill_(self.calibrated_log_tau(hp.init_entropy))
+
+    @torch.no_grad()
+    def entropy(self, log_tau: torch.Tensor | None = None) -> torch.Tensor:
+        """Per layer, the mean over clients of the entropy (nats) of the client's attention weights (Eq. 9)."""
+        encoded = self.encoder(self.embeddings)
+        tau = (self.log_tau if log_tau is None else log_tau).exp()
+        weights = torch.softmax((encoded @ encoded.T)[None] / tau[:, None, None], 2)  # [L, N, N]
+        return torch.special.entr(weights).sum(2).mean(1)
+
+    def calibrated_log_tau(self, fraction: float) -> float:
+        """log tau for which the attention's mean entropy is fraction * ln N (bisection: a smaller tau sharpens it)."""
+        target, lo, hi = fraction * math.log(len(self.embeddings)), -20.0, 10.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if float(self.entropy(torch.full((1,), mid)).mean()) > target else (mid, hi)
+        return (lo + hi) / 2
 
     def attention(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(a_i: [L, N], each row softmax(<e'_i, e'_j> / tau_l) over j; E' = Enc(E): [N, d_h])."""
@@ -225,9 +280,13 @@ class Pa3dFL(Method):
     def __init__(self, fed: Federation, hp: Pa3dFLHyper) -> None:
         super().__init__(fed, hp)
         self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
-        bad = sorted({w for w in self.widths if abs(w / hp.rank_width - round(w / hp.rank_width)) > 1e-9})
+        rank = hp.rank()
+        if hp.rank_width is None and rank != min(self.widths):
+            raise ValueError(f"Pa3dFL: method.federation gives p_min = {rank}, this run's clients {min(self.widths)}: "
+                             "it must be the run's capacity, num_clients and data_seed")
+        bad = sorted({w for w in self.widths if abs(w / rank - round(w / rank)) > 1e-9})
         if bad:
-            raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={hp.rank_width}: set it "
+            raise ValueError(f"Pa3dFL: widths {bad} are not multiples of method.rank_width={rank}: set it "
                              f"to p_min = {min(self.widths)} (Eq. 10 prunes whole blocks of R1 channels)")
         full = fed.worker
         self._gen = full.mask(lambda e: e.name.endswith(PERSONAL) or e.name.startswith("local."))
@@ -250,17 +309,22 @@ class Pa3dFL(Method):
 
     @classmethod
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:
+        rank = hp.rank()
+
         def make(name: str, layer: nn.Conv2d | nn.Linear, first: bool) -> nn.Module:
             out_f, k2 = layer.weight.shape[0], math.prod(layer.weight.shape[2:])
             if hp.decomposition == "flanc":  # FLANC's R1 = rank_width S (p_min S), R2 = basis_ratio T, full model
-                group = layer.weight.shape[1] if first else max(1, round(hp.rank_width * layer.weight.shape[1] / width))
+                group = layer.weight.shape[1] if first else max(1, round(rank * layer.weight.shape[1] / width))
                 return FlancLayer(layer, max(1, math.floor(hp.basis_ratio * round(out_f / width))), group)
-            rank1 = round(hp.rank_width * round(out_f / width))  # R1 of the full model, at every width
+            full_out = round(out_f / width)
+            full_in = layer.weight.shape[1] if first else round(layer.weight.shape[1] / width)
+            rank1 = round(rank * full_out)  # R1 of the full model, at every width
             if rank1 < 1 or out_f % rank1:
                 raise ValueError(f"Pa3dFL: {name} has {out_f} outputs at width {width}, not whole blocks of "
                                  f"R1 = {rank1}: choose method.rank_width dividing every width")
-            rank2 = rank1 if isinstance(layer, nn.Linear) else max(1, round(hp.rank_scale * rank1 * k2))
-            return Pa3dLayer(layer, rank1, rank2)
+            if isinstance(layer, nn.Linear):
+                return Pa3dLayer(layer, rank1, rank1)
+            return Pa3dLayer(layer, rank1, conv_rank2(full_out, full_in, k2, rank1, hp.rank_scale))
 
         decompose(model.body, make)
         return Pa3dModel(model)
@@ -292,6 +356,8 @@ class Pa3dFL(Method):
     def setup(self, init: torch.Tensor) -> None:
         self.state["global"] = init  # U, biases, norms and the frozen global head (V's entries are never used)
         self.state["trained"] = {}  # cid -> the client's last locally trained model (B of Alg. 1)
+        self.state["alpha"] = {}  # cid -> alpha of the last 'post' evaluation not yet recorded, and its round
+        self.state["alpha_round"] = 0
         if self.hp.personal_aggregation == "local":  # no hypernetwork: V and the local head start from the init
             self.state["personal"] = init[self._gen].repeat(self.fed.num_clients, 1)
         if self.hp.width_params == "local":
@@ -353,12 +419,28 @@ class Pa3dFL(Method):
         opt.zero_grad(set_to_none=True)
 
     def metrics(self, round_: int) -> dict[str, Any]:
-        return {"tau": self.state["hn"]["net"].log_tau.detach().exp().tolist()}
+        """tau and the attention's mean entropy per layer (ln N = uniform) after this round's update, and the fusion
+        alpha each client took at the last 'post' evaluation (the engine evaluates after this call)."""
+        out: dict[str, Any] = {}
+        if self.hp.personal_aggregation == "hypernetwork":
+            net = self.state["hn"]["net"]
+            out = {"tau": net.log_tau.detach().exp().tolist(), "attention_entropy": net.entropy().tolist()}
+        if self.state["alpha"]:
+            alphas = self.state["alpha"]
+            out |= {"fusion_round": self.state["alpha_round"],
+                    "fusion_alpha": [alphas.get(c) for c in range(self.fed.num_clients)]}
+            self.state["alpha"] = {}
+        return out
 
     # ------------------------------------------------------------------ evaluation: fusion (App. C.2)
     def eval_model(self, cid: int, stage: str, model: FlatModel, round_: int, lr: float) -> torch.Tensor:
         self.fusion = None
-        return model.vector if stage == "pre" else self.fuse(cid, model)
+        if stage == "pre":
+            return model.vector
+        vector = self.fuse(cid, model)
+        assert self.fusion is not None
+        self.state["alpha"][cid], self.state["alpha_round"] = self.fusion.alpha, round_
+        return vector
 
     @torch.no_grad()
     def fuse(self, cid: int, model: FlatModel) -> torch.Tensor:

@@ -7,15 +7,19 @@ s_i = min(r_i, sparsity) (the client's capacity r_i when ``sparsity`` is null):
 
   g = mean_batch sigmoid(BN1d(Linear(flatten(pool(BN2d(x))))))   in (0, 1)^blocks; clipped below at
       min(max(1 / blocks_per_tensor, 0.1), s_i) as the official code does
-  knapsack: in each of two groups (blocks of Linear layers / all others, official), blocks are taken greedily in
-      order of g, the first chunk of every tensor ahead of the rest (so no tensor is cut off while the budget
-      allows one chunk of each), skipping a block that does not fit, while sum of sizes <= floor(s_i * group size)
-  weights: theta_b * g_b for a kept block b, 0 for a dropped one (the gate learns through g)
+  knapsack: the first chunk of every tensor is always kept, outside the budget ("to avoid cutting info flow",
+      official ``models/gating_layers.py`` l. 86-95); in each of two groups (blocks of Linear layers / all others,
+      official) the other chunks are taken greedily in order of g, skipping a chunk that does not fit, while their
+      sizes sum to <= round((s_i - g_min) * their group size), g_min the clip above (official
+      ``pFedGate/gated_learner.py`` l. 216-222, 247); at s_i = 1 every block is kept (l. 195)
+  weights: theta_b * g_b for a kept block b, 0 for a dropped one (the gate learns through g); the gate's output
+      norm starts with shift ``gate_bias`` (official 0), so g starts near sigmoid(gate_bias)
 
-so at most a fraction s_i of the parameters is non-zero in any forward pass. Local training updates the model
-(train.* optimizer, lr) and the gate (SGD, ``gate_lr``, gradient norm clipped at ``gate_clip``) on the same loss in
-each step (official ``bi_level_opt 0``). The global model (and its BN statistics) is averaged with weights n_k;
-the gate, its input norm and its BN statistics stay on the client.
+so about g_min + (s_i - g_min)(1 - 1/blocks_per_tensor) of the parameters are non-zero in a forward pass: s_i
+when s_i >= 1 / blocks_per_tensor, and one chunk per tensor (above s_i) when the budget is smaller. Local training
+updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, gradient norm clipped at ``gate_clip``)
+on the same loss in each step (official ``bi_level_opt 0``). The global model (and its BN statistics) is averaged
+with weights n_k; the gate, its input norm and its BN statistics stay on the client.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class PFedGateHyper:
     gate_lr: float  # learning rate of the gating layer (Pa3dFL's tuned value)
     gate_clip: float  # max gradient norm of the gating layer (official: 10)
     gate_pool: int  # the gate reads the batch average-pooled to gate_pool x gate_pool
+    gate_bias: float  # initial shift of the gate's output norm: scores start near sigmoid(gate_bias); official 0
 
 
 class GatedModel(nn.Module):
@@ -63,23 +68,32 @@ class GatedModel(nn.Module):
         blocks = len(sizes)
         self.gate = nn.Sequential(nn.BatchNorm2d(in_channels), nn.AdaptiveAvgPool2d(hp.gate_pool), nn.Flatten(),
                                   nn.Linear(in_channels * hp.gate_pool ** 2, blocks), nn.BatchNorm1d(blocks))
+        nn.init.constant_(self.gate[-1].bias, hp.gate_bias)
         self.blocks_per_tensor = hp.blocks_per_tensor
         self.sparsity = 1.0  # s_i of the client being served (set by the method before each use)
 
+    @property
+    def min_score(self) -> float:
+        """g_min: the scores' lower clip, official ``min_sparse_factor`` (``gated_learner.py`` l. 49)."""
+        return min(max(1 / self.blocks_per_tensor, 0.1), self.sparsity)
+
     def block_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g_b * keep_b, keep_b) for every block, from the batch ``x``."""
-        floor = min(max(1 / self.blocks_per_tensor, 0.1), self.sparsity)
-        scores = torch.sigmoid(self.gate(x)).mean(0).clamp(min=floor)
+        scores = torch.sigmoid(self.gate(x)).mean(0).clamp(min=self.min_score)
         keep = self.knapsack(scores.detach())
         return scores * keep, keep
 
     def knapsack(self, scores: torch.Tensor) -> torch.Tensor:
-        keep = torch.zeros(len(self.linear), dtype=torch.bool)
+        """The kept blocks: every first chunk, and per group the other chunks greedily by score within
+        round((s_i - g_min) * their size) (module docstring)."""
+        keep = torch.tensor(self.first, dtype=torch.bool)
+        if self.sparsity >= 1.0:
+            return torch.ones_like(keep).to(scores.device)
         sizes, values = self.sizes.tolist(), scores.tolist()
         for group in (True, False):
-            blocks = [b for b, lin in enumerate(self.linear) if lin == group]
-            room = math.floor(self.sparsity * sum(sizes[b] for b in blocks) + 1e-9)
-            for b in sorted(blocks, key=lambda b: (not self.first[b], -values[b], b)):
+            blocks = [b for b, lin in enumerate(self.linear) if lin == group and not self.first[b]]
+            room = round(sum(sizes[b] for b in blocks) * (self.sparsity - self.min_score))
+            for b in sorted(blocks, key=lambda b: (-values[b], b)):
                 if sizes[b] <= room:
                     keep[b], room = True, room - sizes[b]
         return keep.to(scores.device)

@@ -212,7 +212,8 @@ def available_mb() -> float | None:
 def estimate_mb(setting: Setting) -> float:
     """A generous estimate of the subprocess's peak: the hypernetwork's weights, gradients and the temporary of one
     accumulated gradient (3 x its float32 bytes), plus 1.5 GB for the models, workers and runtime. The model's
-    generated entries come from its plain weights (with R2 = R1 k^2 they are as many), built on the meta device."""
+    generated entries come from its plain weights (an upper bound: |V_l| <= the dense weight), built on the
+    meta device."""
     from bench.compose import compose_config, to_container
     from bench.core.builder import model_builder
 
@@ -300,8 +301,9 @@ NOTES = (
     "Median over the repeated rounds after one warm-up round; every round has the participants the engine samples "
     "for it (seeded). The per-round values are in table9.json.",
     "HN parameters = embeddings (clients x embed) + encoder + one temperature and one decoder Linear(hidden, |V_l|) "
-    "per generated tensor (every decomposed layer's V and the local head). With R2 = R1 k^2 (rank_scale 1) "
-    "|V_l| equals the layer's dense weight, so the decoders hold about (hidden + 1) x the model's parameters.",
+    "per generated tensor (every decomposed layer's V and the local head). |V_l| is at most the layer's dense "
+    "weight (linear R2 = R1: equal; conv R2 <= R1 k^2), so the decoders hold at most about (hidden + 1) x the "
+    "model's parameters.",
     "peak RSS = the measuring subprocess's ru_maxrss: the hypernetwork, its gradients (and one gradient's temporary "
     "while it is accumulated), the full and narrower client models, and the Python/torch runtime (rss_before_build_mb "
     "in table9.json).",

@@ -4,6 +4,7 @@ sampled widths, and end-to-end runs with heterogeneous capacities that resume to
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.compose import to_container
-from bench.core.builder import Experiment, build_experiment
+from bench.core.builder import Experiment, build_experiment, method_class
 from bench.core.engine import ClientRound
-from bench.core.models import build_model
+from bench.core.models import MODELS, NORM_TYPES, build_model
 from bench.core.seeding import generator
 from bench.run import execute, run_dir_for
 from methods._nested import Scaler, recollect_bn
@@ -79,22 +80,60 @@ def test_a_narrow_upload_averages_its_entries_and_every_other_entry_keeps_its_va
     assert torch.equal(new[~held], old[~held])
 
 
-def test_the_scaler_divides_each_body_layer_output_by_p_in_training_and_is_the_identity_at_eval(tmp_path):
-    exp = experiment(tmp_path, "method=heterofl", *GRID)
+def test_the_scaler_divides_each_normalised_layer_output_by_p_in_training_and_is_the_identity_at_eval(tmp_path):
+    exp = experiment(tmp_path, "method=heterofl", *GRID, "model.options.norm=bn")
     worker = exp.fed.worker_for(0.5)
     layers = [m for m in worker.module.body.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
-    assert len(layers) == 3 and all(isinstance(m.scaler, Scaler) and m.scaler.width == 0.5 for m in layers)
+    convs, fc = layers[:-1], layers[-1]
+    assert len(convs) == 2 and all(isinstance(m.scaler, Scaler) and m.scaler.width == 0.5 for m in convs)
+    assert not hasattr(fc, "scaler")  # no norm after the hidden FC (norm=bn), so nothing would absorb it
     assert not hasattr(worker.module.head, "scaler")  # the head's logits are not scaled
     torch.manual_seed(0)
-    conv, fc = layers[0], layers[-1]
-    x, h = torch.randn(2, 1, 8, 8), torch.randn(2, fc.in_features)
+    conv, x = convs[0], torch.randn(2, 1, 8, 8)
     with torch.no_grad():
-        raw_conv, raw_fc = conv._conv_forward(x, conv.weight, conv.bias), F.linear(h, fc.weight, fc.bias)
+        raw_conv = conv._conv_forward(x, conv.weight, conv.bias)
         worker.module.train()
-        assert torch.allclose(conv(x), raw_conv / 0.5) and torch.allclose(fc(h), raw_fc / 0.5)
+        assert torch.allclose(conv(x), raw_conv / 0.5)
         worker.module.eval()
-        assert torch.equal(conv(x), raw_conv) and torch.equal(fc(h), raw_fc)
+        assert torch.equal(conv(x), raw_conv)
     assert [e.name for e in worker.entries] == [e.name for e in exp.fed.worker.entries]  # layout unchanged
+
+
+def default_input(model: str) -> tuple[int, int, int]:
+    """The input shape the zoo's ``model`` is built for by default (channels, height, width)."""
+    options = inspect.signature(MODELS.get(model)).parameters
+    size = int(options["image_size"].default)
+    return int(options["in_channels"].default), size, size
+
+
+def zoo(model: str, width: float = 1.0) -> nn.Module:
+    channels, size, _ = default_input(model)
+    return build_model(model, num_classes=10, in_channels=channels, image_size=size, width=width)
+
+
+def norm_free_models() -> list[str]:
+    """The zoo's models that have no normalisation layer with their default options."""
+    return [name for name in MODELS.names() if not any(isinstance(m, NORM_TYPES) for m in zoo(name).modules())]
+
+
+def test_the_zoo_has_norm_free_models_for_the_next_test():
+    assert {"cnn_fmnist", "cnn_cifar100", "small_cnn"} <= set(norm_free_models())
+
+
+@pytest.mark.parametrize("name", ["heterofl", "fedrolex", "fjord"])  # every method on methods/_nested.py
+def test_on_norm_free_models_the_model_trained_is_the_model_evaluated_at_every_width(tmp_path, name):
+    # Issue 30: a scaler with no norm after it divides by p in training only, so a width-1/4 cnn_fmnist predicted
+    # other classes in training than at evaluation for every input. Dropout-free, norm-free models must give the
+    # same logits in both modes.
+    cls, hp = method_class(to_container(config(tmp_path, f"method={name}")))
+    for model in norm_free_models():
+        for width in (0.0625, 0.25, 0.5, 1.0):
+            torch.manual_seed(0)
+            module = cls.extend_model(zoo(model, width), hp, width)
+            x = torch.randn(16, *default_input(model))
+            with torch.no_grad():
+                trained, evaluated = module.train()(x), module.eval()(x)
+            assert torch.allclose(trained, evaluated), (model, width)
 
 
 def test_static_bn_tracks_nothing_in_training_and_sbn_recollects_the_mean_of_batch_statistics(tmp_path):

@@ -5,6 +5,8 @@ validation data only, and runs with Hetero capacities that resume to identical r
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 
 import pytest
 import torch
@@ -14,8 +16,9 @@ from torch import nn
 from bench.compose import to_container
 from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
+from bench.core.models import MODELS, build_model
 from bench.run import execute
-from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFLHyper, Pa3dLayer, pa3d_layers
+from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
 from tests.test_widths import interrupted_then_resumed
@@ -33,7 +36,7 @@ def experiment(tmp_path, *overrides: str):
 
 def hyper(**changes) -> Pa3dFLHyper:
     values = dict(lam=0.1, hn_lr=0.1, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25, rank_scale=1.0,
-                  width_step=None, tau_init=1.0, embed_std=1.0, decoder_init="default", hn_clip=50.0,
+                  width_step=None, tau_init=1.0, embed_std=1.0, init_entropy=0.5, decoder_init="default", hn_clip=50.0,
                   orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
                   fusion_space="dense", ties_to_global=True, decomposition="pa3dfl", basis_ratio=0.25,
                   personal_aggregation="hypernetwork")
@@ -41,6 +44,39 @@ def hyper(**changes) -> Pa3dFLHyper:
 
 
 # ------------------------------------------------------------------------------ decomposition (Eqs. 4, 10)
+def zoo(name: str) -> nn.Module:
+    """The zoo's ``name`` at its default input, 10 classes; ResNets with Pa3dFL's GroupNorm."""
+    options = inspect.signature(MODELS.get(name)).parameters
+    extra = {"norm": "gn"} if name.startswith("resnet") else {}
+    return build_model(name, num_classes=10, in_channels=int(options["in_channels"].default),
+                       image_size=int(options["image_size"].default), **extra)
+
+
+@pytest.mark.parametrize("name", MODELS.names())
+def test_ideal_pa3dfl_is_about_the_size_of_the_plain_model(name):
+    # Issue 30: with conv R2 = R1 k^2 and the Ideal R1 = T, U alone was up to 20x the plain model (ResNet-18: 134 M
+    # against 11.2 M). Capped at the rank of W's (R1 k^2) x ((T/R1) S) arrangement, a conv starts exactly at its dense
+    # weight and exceeds its size by at most R2^2 <= S^2. Measured (Ideal / plain): resnet8 1.108, resnet10 1.108,
+    # resnet18 1.110 (12.41 M / 11.18 M), lenet64 1.04, small_cnn 1.12, cnn_fmnist 1.16, cnn_cifar100 1.24,
+    # cnn_fedavg 1.46: above 1.11
+    # it is each linear layer's U (R2 = R1 = T: T^2 entries, App. A) and the local head.
+    plain_model = zoo(name)
+    plain = sum(p.numel() for p in plain_model.parameters())
+    dense = [m.weight for m in plain_model.body.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    torch.manual_seed(0)
+    model = Pa3dFL.extend_model(copy.deepcopy(plain_model), hyper(rank_width=1.0), 1.0)
+    layers = pa3d_layers(model)
+    for layer, weight in zip(layers, dense, strict=True):
+        rank1, rank2 = layer.general.shape[0], layer.general.shape[2]
+        assert rank2 <= min(rank1 * layer.general.shape[1], layer.personal.shape[0] * layer.personal.shape[1])
+        torch.testing.assert_close(layer.weight(), weight, rtol=1e-4, atol=1e-5)  # exact at the start
+    linear_u = sum(layer.general.numel() for layer in layers if layer.conv is None)
+    conv_excess = sum(layer.general.shape[2] ** 2 for layer in layers if layer.conv is not None)
+    total = sum(p.numel() for p in model.parameters())
+    assert total - plain <= linear_u + conv_excess + sum(p.numel() for p in model.local.parameters())
+    assert total <= (1.15 if name.startswith("resnet") else 1.5) * plain
+
+
 @pytest.mark.parametrize("layer", [nn.Conv2d(3, 8, 3, padding=1), nn.Linear(6, 8)])
 def test_decomposition_recovers_w_exactly_from_u_and_v(layer):
     torch.manual_seed(0)
@@ -70,6 +106,22 @@ def test_pruning_v_then_recovering_equals_recovering_then_slicing_w():
         narrow.personal.copy_(full.personal[:2, :3])  # Prune(V, 1/2), Eq. 10
     torch.testing.assert_close(narrow.weight(), full.weight()[:4, :3], rtol=0, atol=1e-15)  # (summation order)
     assert not torch.allclose(narrow.weight(), full.weight()[4:, :3])
+
+
+def test_the_hypernetwork_personalises_from_the_start_and_its_attention_and_alphas_are_recorded(tmp_path):
+    # Issue 30: embeddings N(0, 0.01^2) gave exactly uniform attention (entropy ln N) and the same V for every client.
+    exp = experiment(tmp_path)
+    net, n = exp.method.state["hn"]["net"], exp.fed.num_clients
+    assert torch.allclose(net.entropy().mean(), torch.tensor(0.5 * math.log(n)), atol=1e-3)  # init_entropy 0.5
+    with torch.no_grad():
+        first, second = net(0), net(1)
+    assert float((first - second).norm() / first.norm()) > 0.01
+    engine = exp.engine()
+    (record,) = [r for r in engine.round(1, evaluate=True) if r["kind"] == "method"]
+    assert len(record["attention_entropy"]) == len(net.decoders) and "fusion_alpha" not in record
+    (record,) = [r for r in engine.round(2, evaluate=False) if r["kind"] == "method"]
+    assert record["fusion_round"] == 1 and len(record["fusion_alpha"]) == n  # the alphas of round 1's evaluation
+    assert all(a in [k / 10 for k in range(11)] for a in record["fusion_alpha"])
 
 
 def test_a_narrow_client_gets_the_prefix_slice_of_its_full_width_model(tmp_path):
@@ -260,6 +312,18 @@ def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, 
     whole, resumed = interrupted_then_resumed(tmp_path, *options)
     assert whole == resumed
     assert '"stage": "post"' in whole and '"stage": "pre"' in whole and '"round": 4' in whole and '"tau"' in whole
+
+
+@pytest.mark.parametrize(("capacity", "p_min"), [(HETERO, 0.25), (("capacity.setting=ideal",), 1.0)])
+def test_r1_is_the_weakest_clients_width_times_t(tmp_path, capacity, p_min):
+    # Issue 30: R1 was T/16 whatever the federation; App. A fixes R1 = p_min T, p_min from the lowest capacity.
+    exp = build_experiment(to_container(config(tmp_path, *FAST, *capacity)))
+    assert min(exp.method.widths) == p_min
+    for layer in pa3d_layers(exp.fed.worker.module):  # V: [T/R1, S, R2]
+        assert layer.personal.shape[0] == round(1 / p_min)
+    with pytest.raises(ValueError, match="p_min"):  # a federation config that is not the run's
+        build_experiment(to_container(config(tmp_path, *FAST, *capacity,
+                                             "method.federation.capacity={setting:grid,low:0.01,high:1.0}")))
 
 
 def test_refuses_a_rank_width_that_does_not_divide_every_width(tmp_path):
