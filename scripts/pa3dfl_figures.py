@@ -528,15 +528,22 @@ def partition_name(part: Mapping[str, Any]) -> str:
 FIG5_CLAIM = ("Paper (App. E, Fig. 5): CIFAR-10 Dir(0.1 p) is strongly label-skewed with unequal class shares, "
               "CIFAR-100 gives each client 20 of its 100 classes, Fashion is IID with equal sizes.\nOurs ({scale}; a "
               "client's train + validation samples): the same three kinds of partition, as the panel titles count "
-              "(holds for the partition kinds; the mini stand-in draws all three from Fashion-MNIST, 2 of 10 classes "
-              "standing for 20 of 100).")
+              "(holds for the partition kinds{note}).")
+#: what FIG5_CLAIM adds at each scale
+FIG5_NOTES = {"mini": ("mini stand-in: 20 clients of Fashion-MNIST", "; all three drawn from Fashion-MNIST, 2 of 10 "
+                       "classes standing for 20 of 100"),
+              "medium": ("medium: the FashionMNIST column on the real data", ""), "paper": ("paper scale", "")}
 
 
 def draw_fig5(data: Sequence[Mapping[str, Any]], path: Path, scale: str, seed: int) -> list[Path]:
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, len(data), figsize=(4.2 * len(data) + 0.8, 4.4), layout="constrained",
+        cols = min(3, len(data))
+        rows = math.ceil(len(data) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 0.8, 4.4 * rows), layout="constrained",
                                  squeeze=False)
-        for ax, d in zip(axes[0], data, strict=True):
+        for ax in axes.flat[len(data):]:
+            ax.set_visible(False)
+        for ax, d in zip(axes.flat, data, strict=False):
             counts = d["counts"]
             image = ax.imshow(counts.T, aspect="auto", cmap="viridis", interpolation="nearest", origin="lower",
                               vmin=0)
@@ -550,9 +557,9 @@ def draw_fig5(data: Sequence[Mapping[str, Any]], path: Path, scale: str, seed: i
                          f"from {d['origin']}\nclasses held per client {held.min()}-{held.max()} "
                          f"(mean {held.mean():.1f}), samples {sizes.min()}-{sizes.max()}", fontsize=8)
             fig.colorbar(image, ax=ax, label="training samples", shrink=0.85)
-        note = {"mini": "mini stand-in: 20 clients of Fashion-MNIST", "medium": "medium", "paper": "paper scale"}
+        where, note = FIG5_NOTES[scale]
         fig.suptitle(f"Fig. 5: Table 1's partitions, seed {seed} (clients x classes)")
-        fig.text(0.0, -0.02, FIG5_CLAIM.format(scale=note[scale]), fontsize=7.5, va="top", wrap=True)
+        fig.text(0.0, -0.02, FIG5_CLAIM.format(scale=where, note=note), fontsize=7.5, va="top", wrap=True)
         return save(fig, path)
 
 
