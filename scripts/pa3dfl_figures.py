@@ -1,8 +1,11 @@
-"""Pa3dFL Figures 2 and 3 from the run records of Table 1's Hetero columns (PNG + PDF under results/pa3dfl/figures/).
+"""Pa3dFL Figures 2 and 3 from the run records of Table 1's Hetero columns, Fig. 4 from the decomposed layers' sizes
+and Fig. 5 from Table 1's partitions (PNG + PDF + CSV under results/pa3dfl/figures/).
 
     python scripts/pa3dfl_figures.py fig2 [--scale mini] [--runs runs]
     python scripts/pa3dfl_figures.py fig3 [--scale mini] [--runs runs]
-    python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose runs exist (make plots)
+    python scripts/pa3dfl_figures.py fig4                      # no scale, no runs: built layers' parameter counts
+    python scripts/pa3dfl_figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
+    python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
     python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
     python scripts/pa3dfl_figures.py fig2 --run RUN_DIR ...    # any run directories, grouped by method
 
@@ -16,6 +19,16 @@ then the mean over seeds with +- one std over seeds as error bars. One panel per
 Fig. 3 (learning curves): mean test accuracy over the clients (stage post) against the round, per method, the mean
 over seeds with a band of +- one std over seeds; one panel per Hetero column.
 
+Fig. 4 (model size, App. A): the size of one decomposed layer at width p (general U + personal V, the parameters a
+width-p client holds; biases left out, as in the paper's count of W) over the full dense layer's, for the paper's two
+examples Conv(64, 64, 5, 5) and Linear(1600, 384), beside the plain width-p layer (p-width). The layers are built by
+``Pa3dFL.extend_model`` (our rank rule: R1 = p_min T, conv R2 = min(round(rank_scale R1 k^2), (T/R1) S), linear
+R2 = R1), not counted by formula. The paper's own formulas (Eqs. 12-15) were lost in extraction.
+
+Fig. 5 (partitions, App. E): for each Table 1 column of the scale, a clients x classes heat map of the training
+samples (train + validation parts) of seed 0's partition, built from the data when it is present, else from the
+official label counts (``datasets/label_counts.py``), as ``bench.precheck.dry_build`` does.
+
 Only finished runs (``summary.json`` complete) are drawn. Beside each figure a CSV holds the plotted numbers.
 """
 
@@ -24,11 +37,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +51,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from torch import nn  # noqa: E402
 
 from bench.core.records import RunDir, atomic_write_text, read_jsonl  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
 from bench.plots import STYLE, save  # noqa: E402
 from bench.spec import expand, label, load_spec, output_base  # noqa: E402
 
-SPEC = Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / "table1.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "table1.yaml"
+METHOD_CONF = ROOT / "conf" / "method" / "pa3dfl.yaml"
 CLUSTERS = 5
 HETERO = re.compile(r"^capacity\.setting=hetero$")
 METHOD = re.compile(r"^method=(?P<name>\S+)$")
@@ -289,6 +308,261 @@ def draw_fig3(data: Sequence[Mapping[str, Any]], path: Path, scale: str, stage: 
         return save(fig, path)
 
 
+# ------------------------------------------------------------------------------------------ Fig. 4: model size
+@dataclass(frozen=True)
+class Operator:
+    """A conv (``kernel`` k: a k x k kernel) or linear (``kernel`` None) layer of T outputs and S inputs."""
+
+    name: str
+    out_features: int
+    in_features: int
+    kernel: int | None = None
+
+    def dense(self, width: float = 1.0, features: int | None = None) -> nn.Conv2d | nn.Linear:
+        """The plain layer at ``width`` (pT outputs, pS inputs; ``features`` inputs instead of pS), without bias."""
+        out_f, in_f = round(width * self.out_features), features or round(width * self.in_features)
+        return (nn.Linear(in_f, out_f, bias=False) if self.kernel is None
+                else nn.Conv2d(in_f, out_f, self.kernel, bias=False))
+
+
+#: the paper's two example operators (App. A, Fig. 4: "Conv(64,64,5,5) and Linear(1600,384) used in CIFAR10")
+FIG4_OPERATORS = (Operator("Conv(64, 64, 5, 5)", 64, 64, 5), Operator("Linear(1600, 384)", 384, 1600))
+#: the widths drawn (those that are multiples of p_min: Eq. 10 prunes whole blocks of R1 channels)
+FIG4_WIDTHS = tuple(k / 16 for k in range(1, 17))
+#: the systemic constraints p_min drawn (R1 = p_min T); the paper's default value was lost
+FIG4_P_MINS = (1 / 16, 1 / 8, 1 / 4)
+#: p_min of the rank_scale sweep: the weakest width of Table 1's Hetero columns at paper scale (r_i ~ U[0.01, 1])
+FIG4_P_MIN = 1 / 8
+#: conv R2 = round(rank_scale R1 k^2), capped at (T/R1) S; linear layers keep R2 = R1 whatever rank_scale is
+FIG4_RANK_SCALES = (0.25, 0.5, 1.0, 2.0)
+
+
+def pa3dfl_hyper(p_min: float, rank_scale: float = 1.0) -> Any:
+    """Pa3dFL's defaults (conf/method/pa3dfl.yaml) with R1 = ``p_min`` T and conv R2 scaled by ``rank_scale``."""
+    import yaml
+
+    from methods.pa3dfl import Pa3dFLHyper
+
+    values = yaml.safe_load(METHOD_CONF.read_text())
+    values = {k: v for k, v in values.items() if k not in ("name", "federation")}
+    return Pa3dFLHyper(**{**values, "rank_width": p_min, "rank_scale": rank_scale})
+
+
+class Probe(nn.Module):
+    """A body of an input layer (pS outputs) and ``op`` at width p, with the head ``Pa3dFL.extend_model`` expects, so
+    that ``op`` is decomposed as a layer after the first (its inputs are pS, not S)."""
+
+    def __init__(self, op: Operator, width: float) -> None:
+        super().__init__()
+        feed = Operator("input", op.in_features, 1, None if op.kernel is None else 1)
+        self.body = nn.Sequential(feed.dense(width, features=1), op.dense(width))
+        self.feature_dim = 1
+        self.head = nn.Linear(1, 1)
+
+
+def decomposed_size(op: Operator, width: float, p_min: float, rank_scale: float = 1.0) -> int:
+    """Parameters of ``op`` at ``width`` as ``Pa3dFL.extend_model`` decomposes it (general U + personal V)."""
+    from methods.pa3dfl import Pa3dFL
+
+    model = Pa3dFL.extend_model(Probe(op, width), pa3dfl_hyper(p_min, rank_scale), width)
+    return sum(t.numel() for t in model.body[1].parameters())
+
+
+def dense_size(op: Operator, width: float = 1.0) -> int:
+    return sum(t.numel() for t in op.dense(width).parameters())
+
+
+def fig4_data(operators: Sequence[Operator] = FIG4_OPERATORS, widths: Sequence[float] = FIG4_WIDTHS,
+              p_mins: Sequence[float] = FIG4_P_MINS, rank_scales: Sequence[float] = FIG4_RANK_SCALES,
+              p_min: float = FIG4_P_MIN) -> list[dict[str, Any]]:
+    """One row per (operator, rule, p_min, rank_scale, width): the decomposed layer's size and its ratio to the full
+    dense layer, beside the plain width-p layer's ratio. Rules: ``pa3dfl`` (rank_scale 1, every p_min) and
+    ``rank_scale`` (p_min fixed, every rank_scale, conv layers only: linear R2 = R1 ignores it)."""
+    settings = [("pa3dfl", m, 1.0) for m in p_mins] + [("rank_scale", p_min, s) for s in rank_scales if s != 1.0]
+    out = []
+    for op in operators:
+        full = dense_size(op)
+        for rule, low, scale in settings:
+            if rule == "rank_scale" and op.kernel is None:
+                continue
+            for p in widths:
+                if abs(p / low - round(p / low)) > 1e-9:  # not whole blocks of R1 channels
+                    continue
+                size = decomposed_size(op, p, low, scale)
+                out.append({"operator": op.name, "rule": rule, "p_min": low, "rank_scale": scale, "width": p,
+                            "params": size, "full_params": full, "ratio": size / full,
+                            "p_width_ratio": dense_size(op, p) / full})
+    return out
+
+
+def fraction(x: float) -> str:
+    """1/8 for 0.125 (widths and p_min are 1/2^k here), else the number."""
+    return f"1/{round(1 / x)}" if x < 1 and abs(1 / x - round(1 / x)) < 1e-9 else f"{x:g}"
+
+
+def fig4_claims(data: Sequence[Mapping[str, Any]]) -> str:
+    """The caption: App. A's qualitative claims and whether our numbers hold them."""
+    conv, lin = FIG4_OPERATORS
+
+    def at(op: Operator, p: float, low: float) -> Mapping[str, Any]:
+        return next(d for d in data if d["operator"] == op.name and d["rule"] == "pa3dfl" and d["width"] == p
+                    and d["p_min"] == low)
+
+    lin_gap = max(abs(d["ratio"] - d["p_width_ratio"]) for d in data if d["operator"] == lin.name)
+    weakest = [at(conv, low, low) for low in FIG4_P_MINS]  # each p_min's weakest client (p = p_min)
+    loose = all(a["ratio"] < b["ratio"] for a, b in itertools.pairwise(weakest))  # growing p_min, growing ratio
+    limited = all(d["ratio"] < 2 * d["p_width_ratio"] for d in weakest)
+    return (
+        "Paper (App. A, Fig. 4): under its rank rule the linear layer's ratio is almost p-width's; the conv layer "
+        "adds very limited parameters even at small widths, more under a loose constraint (large p_min).\n"
+        f"Ours (our rule; the paper's Eqs. 12-15 were lost): linear within {lin_gap:.4f} of p-width at every p and "
+        f"p_min: holds. Conv at p = p_min: "
+        + ", ".join(f"{d['ratio']:.3f} vs p-width {d['p_width_ratio']:.4f} (p_min {fraction(d['p_min'])})"
+                    for d in weakest)
+        + f": a looser p_min costs more ({'holds' if loose else 'does not hold'}), but the overhead is "
+        + ("limited (holds)" if limited else "not limited (does not hold): U (R1 k^2 R2 entries) is never pruned and "
+           "with R2 = R1 k^2 is the same size at every width")
+        + "; the third panel shows a smaller R2 shrinking it.")
+
+
+def draw_fig4(data: Sequence[Mapping[str, Any]], path: Path) -> list[Path]:
+    panels = [(op, "pa3dfl") for op in FIG4_OPERATORS] + [(FIG4_OPERATORS[0], "rank_scale")]
+    cmap = plt.get_cmap("viridis")
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.2), layout="constrained")
+        for ax, (op, rule) in zip(axes, panels, strict=True):
+            rows = [d for d in data if d["operator"] == op.name]
+            widths = sorted({d["width"] for d in rows})
+            full = [d for d in rows if d["p_min"] == min(FIG4_P_MINS) and d["rule"] == "pa3dfl"]
+            ax.plot([d["width"] for d in full], [d["p_width_ratio"] for d in full], "k--", lw=1.4,
+                    label="p-width (plain layer, p^2)")
+            if rule == "pa3dfl":
+                curves = [(m, 1.0, f"Pa3dFL, p_min = {fraction(m)}") for m in FIG4_P_MINS]
+                title = f"{op.name}, R1 = p_min T, {'R2 = R1' if op.kernel is None else 'R2 = R1 k^2 (capped)'}"
+            else:
+                curves = [(FIG4_P_MIN, s, f"R2 = {s:g} R1 k^2 (capped)") for s in FIG4_RANK_SCALES]
+                title = f"{op.name}, p_min = {fraction(FIG4_P_MIN)}, R2 varied"
+            for i, (low, scale, name) in enumerate(curves):
+                pts = [d for d in rows if d["p_min"] == low and d["rank_scale"] == scale]
+                ax.plot([d["width"] for d in pts], [d["ratio"] for d in pts], marker="o", ms=3,
+                        color=cmap(i / max(1, len(curves) - 1) * 0.85), label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ticks = [w for w in widths if math.log2(w).is_integer()]
+            ax.set_xticks(ticks, [fraction(w) for w in ticks])
+            ax.set_xlabel("width ratio p")
+            ax.set_title(title, fontsize=8.5)
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("layer size / full dense layer size")
+        fig.suptitle("Fig. 4: model-size ratio of Pa3dFL's decomposed layer (built by Pa3dFL.extend_model)")
+        fig.text(0.0, -0.02, fig4_claims(data), fontsize=7.5, va="top", wrap=True)
+        return save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------ Fig. 5: partitions
+def partition_of(cfg: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """(partition, pool labels: train then test, where the labels came from) of a cell config: from the data when it
+    is present, else from the official label counts (as ``bench.precheck.dry_build``)."""
+    import torch
+
+    from bench.core.builder import import_plugins
+    from bench.core.data import load_sources, partition_labels, source_labels
+    from datasets.label_counts import label_info_from_counts
+    from datasets.sources import DataSourceError
+
+    import_plugins(cfg)
+    try:
+        labels, origin = source_labels(*load_sources(cfg["dataset"], cfg.get("data_root"))), "data"
+    except DataSourceError:
+        labels = label_info_from_counts(cfg["dataset"].get("domains") or [cfg["dataset"]["source"]])
+        origin = "official label counts"
+    partition = partition_labels(labels, str(cfg["dataset"]["name"]), cfg["partition"],
+                                 num_clients=int(cfg["num_clients"]), data_seed=int(cfg["data_seed"]))
+    return partition, torch.cat([labels.train_labels, labels.test_labels]), origin
+
+
+def train_counts(partition: Any, pool: Any) -> np.ndarray:
+    """clients x classes: each client's training samples per class (its train and validation parts)."""
+    from datasets.partition_report import class_counts
+
+    num_classes = int(pool.max()) + 1
+    table = class_counts(partition, pool, num_classes)[[f"class_{c}" for c in range(num_classes)]]
+    return (table.xs("train", level="part") + table.xs("val", level="part")).to_numpy()
+
+
+def fig5_data(scale: str, seed: int = 0, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per Table 1 column of ``scale`` (or ``columns``): its seed-``seed`` partition's clients x classes counts."""
+    from bench.spec import cell_config
+
+    spec = load_spec(SPEC)
+    out, seen = [], set()
+    for cell in expand(spec, scale, seeds=[seed]):
+        if cell.column in seen or (columns is not None and cell.column not in columns):
+            continue
+        seen.add(cell.column)
+        cfg = cell_config(cell)
+        partition, pool, origin = partition_of(cfg)
+        out.append({"column": cell.column, "dataset": cfg["dataset"]["name"], "origin": origin,
+                    "partition": {k: v for k, v in cfg["partition"].items() if k != "val_fraction"},
+                    "counts": train_counts(partition, pool)})
+    return out
+
+
+def fig5_rows(data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The CSV: one row per (column, client) with its class counts."""
+    width = max(d["counts"].shape[1] for d in data)
+    return [{"column": d["column"], "client": i, **{f"class_{c}": int(row[c]) if c < len(row) else "" for c in
+                                                     range(width)}, "total": int(row.sum())}
+            for d in data for i, row in enumerate(d["counts"])]
+
+
+def partition_name(part: Mapping[str, Any]) -> str:
+    scheme = part["scheme"]
+    if scheme == "dirichlet":
+        return f"Dir({part['alpha']:g}), prior {part.get('prior', 'uniform')}"
+    if scheme == "pathological":
+        return f"{part['classes_per_client']} classes per client"
+    return str(scheme)
+
+
+FIG5_CLAIM = ("Paper (App. E, Fig. 5): CIFAR-10 Dir(0.1 p) is strongly label-skewed with unequal class shares, "
+              "CIFAR-100 gives each client 20 of its 100 classes, Fashion is IID with equal sizes.\nOurs ({scale}; a "
+              "client's train + validation samples): the same three kinds of partition, as the panel titles count "
+              "(holds for the partition kinds{note}).")
+#: what FIG5_CLAIM adds at each scale
+FIG5_NOTES = {"mini": ("mini stand-in: 20 clients of Fashion-MNIST", "; all three drawn from Fashion-MNIST, 2 of 10 "
+                       "classes standing for 20 of 100"),
+              "medium": ("medium: the FashionMNIST column on the real data", ""), "paper": ("paper scale", "")}
+
+
+def draw_fig5(data: Sequence[Mapping[str, Any]], path: Path, scale: str, seed: int) -> list[Path]:
+    with plt.rc_context(STYLE):
+        cols = min(3, len(data))
+        rows = math.ceil(len(data) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 0.8, 4.4 * rows), layout="constrained",
+                                 squeeze=False)
+        for ax in axes.flat[len(data):]:
+            ax.set_visible(False)
+        for ax, d in zip(axes.flat, data, strict=False):
+            counts = d["counts"]
+            image = ax.imshow(counts.T, aspect="auto", cmap="viridis", interpolation="nearest", origin="lower",
+                              vmin=0)
+            ax.grid(False)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel(f"client ({counts.shape[0]})")
+            ax.set_ylabel(f"class ({counts.shape[1]})")
+            held, sizes = (counts > 0).sum(axis=1), counts.sum(axis=1)
+            ax.set_title(f"{panel_title(d['column'], scale)}\n{d['dataset']}, {partition_name(d['partition'])}, "
+                         f"from {d['origin']}\nclasses held per client {held.min()}-{held.max()} "
+                         f"(mean {held.mean():.1f}), samples {sizes.min()}-{sizes.max()}", fontsize=8)
+            fig.colorbar(image, ax=ax, label="training samples", shrink=0.85)
+        where, note = FIG5_NOTES[scale]
+        fig.suptitle(f"Fig. 5: Table 1's partitions, seed {seed} (clients x classes)")
+        fig.text(0.0, -0.02, FIG5_CLAIM.format(scale=where, note=note), fontsize=7.5, va="top", wrap=True)
+        return save(fig, path)
+
+
 # ---------------------------------------------------------------------------------------------------- figures
 def panels_for(scale: str, out_dir: str, runs: Sequence[Path] | None, columns: Sequence[str] | None,
                rows: Sequence[str] | None) -> dict[str, dict[str, list[Path]]]:
@@ -324,9 +598,24 @@ def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
     return [*draw_fig3(data, base, scale, stage, spec.get("compare")), write_csv(data, base)]
 
 
+def fig4(results: str = "results") -> list[Path]:
+    """Model-size ratio of the decomposed layers (module docstring); it has no scale: results/pa3dfl/figures/."""
+    data = fig4_data()
+    base = output_base("pa3dfl", "figures", "mini", results) / "fig4_size_ratio"
+    return [*draw_fig4(data, base), write_csv(data, base)]
+
+
+def fig5(scale: str = "mini", results: str = "results", seed: int = 0,
+         columns: Sequence[str] | None = None) -> list[Path]:
+    """Table 1's partitions at ``scale`` (module docstring)."""
+    data = fig5_data(scale, seed, columns)
+    base = output_base("pa3dfl", "figures", scale, results) / "fig5_partitions"
+    return [*draw_fig5(data, base, scale, seed), write_csv(fig5_rows(data), base)]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["fig2", "fig3", "all"])
+    parser.add_argument("figure", choices=["fig2", "fig3", "fig4", "fig5", "all"])
     parser.add_argument("--scale", default="mini", choices=list(SCALE_NOTES))
     parser.add_argument("--runs", default="runs", help="the runs folder of the table (default: %(default)s)")
     parser.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
@@ -341,6 +630,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths += fig2(**kw)
     if args.figure in ("fig3", "all"):
         paths += fig3(**kw)
+    given = args.figure == "all" and args.run  # figures of given runs: Figs. 4-5 do not come from runs
+    if args.figure == "fig4" or (args.figure == "all" and not given):
+        paths += fig4(args.results)
+    if args.figure == "fig5" or (args.figure == "all" and not given):
+        paths += fig5(args.scale, args.results)
     print("\n".join(map(str, paths)))
 
 

@@ -134,7 +134,9 @@ def test_command_line_all_skips_missing_runs_and_draws_given_runs(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "skipped fig2" in proc.stdout and "skipped fig3" in proc.stdout
-    assert not (tmp_path / "results").exists()
+    assert proc.stdout.split()[-6:] == [f"results/pa3dfl/figures/{name}{ext}" for name in
+                                        ("fig4_size_ratio", "fig5_partitions") for ext in (".png", ".pdf", ".csv")]
+    assert not list((tmp_path / "results").glob("**/fig[23]*"))
     runs = [tmp_path / "a", tmp_path / "b"]
     for run, offset in zip(runs, (0.0, 4.0), strict=True):
         write_run(run, "pa3dfl", CAPS, offset)
@@ -148,3 +150,70 @@ def test_command_line_all_skips_missing_runs_and_draws_given_runs(tmp_path):
     rows = read_csv(tmp_path / written[2])
     assert [float(r["mean"]) for r in rows] == pytest.approx([m + 2.0 for m in CLUSTER_MEANS])
     assert {r["method"] for r in rows} == {"pa3dfl"}
+
+
+# ------------------------------------------------------------------------------------------ Fig. 4: model size
+def pa3d_closed_form(out_f: int, in_f: int, k2: int, width: float, p_min: float, conv: bool) -> int:
+    """docs/methods/pa3dfl.md: U is [R1, k^2, R2] at every width, V is [pT/R1, pS, R2]; R1 = p_min T, linear R2 = R1,
+    conv R2 = min(R1 k^2, (T/R1) S) (rank_scale 1)."""
+    r1 = round(p_min * out_f)
+    r2 = min(r1 * k2, out_f // r1 * in_f) if conv else r1
+    return r1 * k2 * r2 + round(width * out_f) // r1 * round(width * in_f) * r2
+
+
+@pytest.mark.parametrize("p_min", [1 / 8, 1 / 4])
+@pytest.mark.parametrize("width", [1.0, 1 / 4])
+def test_fig4_sizes_are_the_closed_form_counts_of_the_decomposition(width, p_min):
+    conv, lin = figs.FIG4_OPERATORS
+    assert figs.decomposed_size(conv, width, p_min) == pa3d_closed_form(64, 64, 25, width, p_min, conv=True)
+    assert figs.decomposed_size(lin, width, p_min) == pa3d_closed_form(384, 1600, 1, width, p_min, conv=False)
+    assert figs.dense_size(conv, width) == round(width * 64) ** 2 * 25
+    assert figs.dense_size(lin, width) == round(width * 384) * round(width * 1600)
+
+
+def test_fig4_numbers_by_hand():
+    """Conv(64, 64, 5, 5), p_min = 1/8: R1 = 8, R2 = min(200, 8 * 64) = 200, U = 8 * 25 * 200 = 40000,
+    V = (8p) (64p) 200; Linear(1600, 384): R1 = R2 = 48, U = 2304, V = (8p) (1600p) 48."""
+    rows = figs.fig4_data(widths=[1.0, 0.25], p_mins=[1 / 8], rank_scales=[0.5])
+    got = {(r["operator"][:4], r["rank_scale"], r["width"]): r for r in rows}
+    assert got[("Conv", 1.0, 1.0)]["params"] == 40000 + 8 * 64 * 200
+    assert got[("Conv", 1.0, 0.25)]["ratio"] == (40000 + 2 * 16 * 200) / 102400
+    assert got[("Conv", 1.0, 0.25)]["p_width_ratio"] == 1 / 16
+    assert got[("Conv", 0.5, 1.0)]["params"] == 8 * 25 * 100 + 8 * 64 * 100  # R2 = round(0.5 * 200)
+    assert got[("Line", 1.0, 1.0)]["params"] == 2304 + 8 * 1600 * 48
+    assert got[("Line", 1.0, 0.25)]["ratio"] == (2304 + 2 * 400 * 48) / (384 * 1600)
+    assert not any(k[0] == "Line" and k[1] != 1.0 for k in got)  # linear R2 = R1 whatever rank_scale
+
+
+# ------------------------------------------------------------------------------------------ Fig. 5: partitions
+def test_fig5_counts_are_the_partitions_class_counts():
+    import torch
+
+    from datasets.partition import LabelInfo, make_partition
+
+    labels = LabelInfo(train_labels=torch.arange(60) % 3, test_labels=torch.arange(30) % 3, num_classes=3)
+    partition = make_partition("dirichlet", labels, 4, seed=0, val_fraction=0.2, alpha=0.5, n_train=12, n_test=5)
+    pool = torch.cat([labels.train_labels, labels.test_labels])
+    counts = figs.train_counts(partition, pool)
+    for cid, client in enumerate(partition.clients):
+        held = torch.cat([client.train, client.val])
+        assert counts[cid].tolist() == torch.bincount(pool[held], minlength=3).tolist()
+    data = [{"column": "c", "counts": counts}]
+    rows = figs.fig5_rows(data)
+    assert [[r[f"class_{c}"] for c in range(3)] for r in rows] == counts.tolist()
+    assert [r["total"] for r in rows] == counts.sum(axis=1).tolist()
+
+
+def test_fig5_draws_a_table_column_from_label_counts(tmp_path, monkeypatch):
+    """Without the data the partition comes from the official label counts; the figure's CSV is its class counts."""
+    from datasets.sources import DataSourceError
+
+    def absent(*args, **kwargs):
+        raise DataSourceError("no data here")
+
+    monkeypatch.setattr("bench.core.data.load_sources", absent)
+    paths = figs.fig5("mini", str(tmp_path), columns=["FashionMNIST Hetero"])
+    assert [p.name for p in paths] == ["fig5_partitions.png", "fig5_partitions.pdf", "fig5_partitions.csv"]
+    rows = read_csv(paths[-1])
+    assert len(rows) == 20 and {r["column"] for r in rows} == {"FashionMNIST Hetero"}
+    assert all(int(r["total"]) == 200 for r in rows)  # n_train 200 per client (train + validation)
