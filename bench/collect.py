@@ -26,7 +26,15 @@ from omegaconf import OmegaConf
 from bench.core.records import RunDir, read_jsonl
 from bench.core.summary import chance_verdict, final_eval, pick
 from bench.provenance import is_stale, run_code
-from bench.spec import PROTOCOL_KEYS, Cell, OutputColumn, output_columns, paper_numbers, row_protocol
+from bench.spec import (
+    PROTOCOL_KEYS,
+    Cell,
+    OutputColumn,
+    differing_protocols,
+    output_columns,
+    paper_numbers,
+    row_protocol,
+)
 from datasets.partition_report import partition_label
 
 
@@ -120,8 +128,8 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
         proto = row_protocol(spec, cell.row)
         result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
         values.setdefault((cell.row, cell.column), {})[cell.seed] = result["acc"]
-        records = run.records()
-        for name, why in untrained_columns(path, records, proto, cell, columns).items():
+        records, cfg = run.records(), run_config(path)
+        for name, why in untrained_columns(path, records, proto, cell, columns, cfg).items():
             if name == UNCHECKED:
                 unchecked += 1
             else:
@@ -140,7 +148,8 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
             if isinstance(value, int | float):
                 metrics.setdefault(name, {}).setdefault((cell.row, cell.column), []).append(float(value))
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
-        stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, run_imports(path))
+        imports = tuple(cfg.get("imports") or ())
+        stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, imports)
         finished[(cell.row, cell.column)] = finished.get((cell.row, cell.column), 0) + 1
     for (row, name), whys in sorted(untrained.items()):
         problems += [f"did not train: {row} | {name} | {why}" for why in whys]
@@ -209,7 +218,7 @@ def protocol_notes(spec: dict[str, Any], dirs: dict[Cell, Path]) -> dict[str, st
     training data (the method's ``post_finetune``), each with a sentence saying how (from the row's run configs)."""
     from bench.core.engine import METHODS
 
-    notes = {}
+    notes, differing = {}, differing_protocols(spec)
     for row in spec["rows"]:
         proto = row_protocol(spec, row["name"])
         configs = [p / "config.yaml" for c, p in dirs.items() if c.row == row["name"] and (p / "config.yaml").exists()]
@@ -218,7 +227,7 @@ def protocol_notes(spec: dict[str, Any], dirs: dict[Cell, Path]) -> dict[str, st
         tuned_by = METHODS.get(method["name"]).post_finetune if method.get("name") in METHODS else None
         finetune = (f"; the model is first fine-tuned for {method[tuned_by]} epochs on the client's training data "
                     f"(method.{tuned_by})" if proto["stage"] == "post" and tuned_by and method.get(tuned_by) else "")
-        if proto != spec["protocol"] or finetune:
+        if row["name"] in differing or finetune:
             notes[row["name"]] = (f"stage={proto['stage']} ({STAGE_MEANING[proto['stage']]}), "
                                   f"selection={proto['selection']}, weighting={proto['weighting']}{finetune}")
     return notes
@@ -269,14 +278,15 @@ UNCHECKED = ""
 
 
 def untrained_columns(run: Path, records: Sequence[dict[str, Any]], proto: dict[str, str], cell: Cell,
-                      columns: Sequence[OutputColumn]) -> dict[str, str]:
+                      columns: Sequence[OutputColumn], cfg: dict[str, Any] | None = None) -> dict[str, str]:
     """The output columns of ``cell`` in which its run did not train (its final accuracy at the row's stage is not
     above chance: :func:`bench.core.summary.chance_verdict`), each with the reason; the spec column itself is
-    judged on the mean over clients, a per-client column on that client alone. A run that cannot be judged (no
-    partition report or final record, or ``eval.chance_z=null``) is reported under :data:`UNCHECKED`."""
+    judged on the mean over clients, a per-client column on that client alone (``cfg``: the run's config, if read
+    already). A run that cannot be judged (no partition report or final record, or ``eval.chance_z=null``) is
+    reported under :data:`UNCHECKED`."""
     final = final_eval(records, proto["stage"])
     counts = client_test_counts(run)
-    z = run_config(run).get("eval", {}).get("chance_z", default_chance_z())
+    z = (run_config(run) if cfg is None else cfg).get("eval", {}).get("chance_z", default_chance_z())
     if final is None or counts is None or z is None:
         return {UNCHECKED: f"seed {cell.seed} ({run})"}
     verdict = chance_verdict(final, counts, proto["weighting"], float(z))
@@ -385,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from bench.render import write_table
     from bench.run import run_dir_for
     from bench.spec import SCALES, cell_config, expand, load_spec
+    from bench.tuning import with_tuned
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="+", help="table specs, e.g. conf/paper/fedcac/table2.yaml")
@@ -394,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", default="results", help="where tables go")
     args = parser.parse_args(argv)
     for path in args.spec:
-        spec = load_spec(path)
+        spec = with_tuned(load_spec(path), args.scale, args.results)  # the rows' searched values, as the table ran
         cells = expand(spec, args.scale, args.seeds, args.out_dir)
         dirs = {cell: run_dir_for(cell_config(cell)) for cell in cells}
         frame, problems = collect(spec, args.scale, dirs)
