@@ -99,8 +99,9 @@ def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs"
     from bench.core.records import RunDir
     from bench.run import run_dir_for
     from bench.spec import cell_config, expand, label, load_spec, output_base, slug
+    from bench.tuning import with_tuned
 
-    spec = load_spec(spec_path)
+    spec = with_tuned(load_spec(spec_path), scale, results_dir)  # the rows' searched values, as the table ran
     groups: dict[str, dict[str, list[Path]]] = {}
     for cell in expand(spec, scale, out_dir=out_dir):
         run = run_dir_for(cell_config(cell))

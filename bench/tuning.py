@@ -159,3 +159,18 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
             "The chosen values are used for the table's final seeds.", "", markdown_table(frame), ""]
     atomic_write_text(base.with_name(base.name + ".md"), "\n".join(text))
     return tuned
+
+
+def with_tuned(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
+    """``spec`` with the choices its last search wrote (``<table>.tuning.json``) as each tuned row's per-column
+    overrides, as :func:`tune` returns it, without running anything: for readers of a table's runs (``bench.collect``,
+    plots). A spec without a ``tuning:`` block, or not searched yet at ``scale``, comes back unchanged."""
+    path = output_base(spec["paper"], f"{label(spec)}.tuning.json", scale, results_dir)
+    if not spec.get("tuning") or not path.exists():
+        return spec
+    tuned = copy.deepcopy(spec)
+    rows = {row["name"]: row for row in tuned["rows"]}
+    for entry in json.loads(path.read_text())["results"]:
+        if "chosen" in entry and entry["row"] in rows:
+            rows[entry["row"]].setdefault("tuned", {})[entry["column"]] = list(entry["chosen"])
+    return tuned

@@ -164,6 +164,12 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
     md = write_table(tuned, "paper", *collect(tuned, "paper", run_cells(final)), tmp_path / "results").read_text()
     assert f"- Separate | A: {chosen['chosen'][0]}" in md
     assert "✓" in (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.md").read_text()
+    # the collector alone (make collect) reads the search's choices and finds the table's runs
+    from bench.collect import main as collect_main
+    collect_main([str(spec_file(tmp_path, text)), "--scale", "paper", "--out-dir", str(tmp_path / "runs"),
+                  "--results", str(tmp_path / "results"), "--seeds", "0", "1"])
+    again = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.md").read_text()
+    assert f"- Separate | A: {chosen['chosen'][0]}" in again and "missing: Separate" not in again
     tuning_runs = [p for p in (tmp_path / "runs").rglob("summary.json") if "-s7-" in str(p)]
     assert len(tuning_runs) == 2  # one per grid point, on the tuning seed only
     with pytest.raises(ValueError, match="tuning.grid names rows \\['Nope'\\]"):
