@@ -6,10 +6,11 @@ its full Hydra override list, and reads the paper's numbers from ``conf/paper/pa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,216 @@ def differing_protocols(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {name: proto for name, proto in protocols.items() if proto != spec["protocol"]}
 
 
+# ------------------------------------------------------------------------------------------------ typed spec
+# A spec, its rows, columns, scale blocks and tuning block are dataclasses: a key that is not one of their fields
+# is refused, naming it and the allowed keys (a misspelt ``colums:`` fails ``--dry-run``). A new spec key is one
+# field line here (with a default, so the specs without it still load).
+_TYPES: dict[str, tuple[Any, str]] = {  # a field's annotation -> (check of its value, what it must be)
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "list[int]": (lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v), "a list of integers"),
+    "dict[str, list[str]]": (lambda v: isinstance(v, dict) and all(
+        isinstance(x, list) and all(isinstance(y, str) for y in x) for x in v.values()),
+        "a mapping {name: [overrides]}"),
+}
+
+
+def from_mapping(cls: type, data: Any, where: str, nested: dict[str, Any] | None = None) -> Any:
+    """``cls(**data)``, refusing a key that is not a field of ``cls`` (naming it and the allowed keys), a missing
+    required field, and a value of the wrong kind (for the annotations of :data:`_TYPES`); ``nested``: values
+    already parsed into their own types, by field name."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} is {data!r}: give a mapping")
+    allowed = [f.name for f in fields(cls)]
+    unknown = [key for key in data if key not in allowed]
+    if unknown:
+        kind = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()  # TableSpec -> "table spec"
+        raise ValueError(f"{where} has the key {unknown[0]!r}, which a {kind} does not have: "
+                         f"the allowed keys are {allowed}")
+    missing = [f.name for f in fields(cls) if f.name not in data
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where} lacks the key {missing[0]!r}")
+    for f in fields(cls):
+        check, kind = _TYPES.get(str(f.type).removesuffix(" | None"), (None, ""))
+        value = data.get(f.name)
+        if check is not None and value is not None and not check(value):
+            raise ValueError(f"{where}: {f.name} is {value!r}: give {kind}")
+    return cls(**{**data, **(nested or {})})
+
+
+@dataclass(frozen=True)
+class Column:
+    """A result column: a data set and model with its overrides (documented in :mod:`bench.table`)."""
+
+    name: str
+    dataset: str
+    model: str
+    overrides: list[str] = field(default_factory=list)
+    paper: dict[str, Any] | None = None  # {dataset, setting}: where its numbers are in paper_tables.csv
+    per_client: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row: one method (variant) with its overrides."""
+
+    name: str
+    overrides: list[str] = field(default_factory=list)
+    paper: str | None = None  # the method's name in paper_tables.csv (default: the row's name)
+    protocol: dict[str, str] | None = None  # over the table's protocol
+    by_dataset: dict[str, list[str]] = field(default_factory=dict)
+    by_column: dict[str, list[str]] = field(default_factory=dict)
+    unavailable: str | None = None  # not run: the reason, shown in its cells
+    tuned: dict[str, list[str]] = field(default_factory=dict)  # per column: the values bench.tuning chose
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A ``tuning:`` block (``bench.tuning``); a scale's block replaces the keys it gives."""
+
+    grid: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] | None = None
+    val_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class ScaleBlock:
+    """A ``scales.<scale>`` block: stand-ins and overrides at that scale."""
+
+    seeds: list[int] | None = None
+    base: list[str] = field(default_factory=list)
+    datasets: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+    dataset_overrides: dict[str, list[str]] = field(default_factory=dict)
+    by_dataset: dict[str, list[str]] = field(default_factory=dict)
+    column_overrides: dict[str, list[str]] = field(default_factory=dict)
+    rows: dict[str, list[str]] = field(default_factory=dict)
+    rows_by_dataset: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    rows_by_column: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    per_client: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    columns: list[str] | None = None
+    tuning: Tuning | None = None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table spec (schema: :mod:`bench.table`). Top-level keys starting with ``_`` hold YAML anchors only."""
+
+    paper: str
+    table: str | int
+    protocol: dict[str, str]
+    seeds: list[int]
+    columns: list[Column]
+    rows: list[Row]
+    title: str | None = None
+    exp: str | None = None
+    base: list[str] = field(default_factory=list)
+    compare: str | None = None
+    notes: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    scales: dict[str, ScaleBlock] = field(default_factory=dict)
+    tuning: Tuning | None = None
+
+    @classmethod
+    def parse(cls, spec: dict[str, Any], where: str = "table spec") -> TableSpec:
+        """The typed form of a spec's dict (as :func:`load_spec` returns it, or as ``bench.tuning`` extends it)."""
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where} is {spec!r}: give a mapping")
+        data = {key: value for key, value in spec.items() if not key.startswith("_")}
+        for key in ("columns", "rows"):
+            if not isinstance(data.get(key, []), list):
+                raise ValueError(f"{where}: {key} is {data[key]!r}: give a list of mappings")
+        scales = data.get("scales") or {}
+        odd = sorted(set(scales) - set(SCALES))
+        if not isinstance(scales, dict) or odd:
+            raise ValueError(f"{where}: scales has the key {odd[0] if odd else scales!r}, which is no scale: "
+                             f"the allowed keys are {list(SCALES)}")
+
+        def tuning(block: dict[str, Any], at: str) -> Tuning | None:
+            return None if block.get("tuning") is None else from_mapping(Tuning, block["tuning"], f"{at}.tuning")
+
+        blocks = {}
+        for scale, block in scales.items():
+            at = f"{where}, scales.{scale}"
+            blocks[scale] = from_mapping(ScaleBlock, block or {}, at, {"tuning": tuning(block or {}, at)})
+        columns = [from_mapping(Column, c, f"{where}, column {c.get('name') if isinstance(c, dict) else c!r}")
+                   for c in data.get("columns", [])]
+        rows = [from_mapping(Row, r, f"{where}, row {r.get('name') if isinstance(r, dict) else r!r}")
+                for r in data.get("rows", [])]
+        return from_mapping(cls, data, where, {"columns": columns, "rows": rows, "scales": blocks,
+                                               "tuning": tuning(data, where)})
+
+    def block(self, scale: str) -> ScaleBlock:
+        """The ``scales.<scale>`` block (empty if the spec has none)."""
+        return self.scales.get(scale) or ScaleBlock()
+
+
+@dataclass(frozen=True)
+class Override:
+    """One Hydra override of a cell and where it comes from: the spec keys that give it, e.g.
+    ``("rows", "FedCAC", "by_column", "CIFAR-10 a=0.1")`` (``rows`` and ``columns`` by name), or, for overrides
+    not written in the spec, a description in parentheses, e.g. ``("(command line)",)``."""
+
+    text: str
+    source: tuple[str, ...]
+
+    def where(self) -> str:
+        """The source as a path, e.g. ``rows.FedCAC.by_column."CIFAR-10 a=0.1"``."""
+        return ".".join(part if re.fullmatch(r"[\w()-]+", part) or part.startswith("(") else json.dumps(part)
+                        for part in self.source)
+
+    def key(self) -> str:
+        """The config key it sets (``+``/``++``/``~`` dropped): a later override of the same key wins."""
+        return self.text.split("=", 1)[0].lstrip("+~")
+
+
+def cell_overrides(spec: TableSpec, scale: str, row: Row, column: Column, seed: int, out_dir: str = "runs",
+                   extra: Sequence[str] = ()) -> list[Override]:
+    """The overrides of one cell in precedence order (Hydra applies them in turn: a later one wins on the same
+    key). This function is the only place that defines the order:
+
+    the spec's ``base``, the scale's ``base``; the protocol (the table's, each key of the row's ``protocol`` over
+    it); the run's ``exp`` and ``out_dir``; the data set (the column's, or the scale's stand-in for it) and the
+    scale's ``dataset_overrides`` of it; the model (the column's, or the scale's); the column's ``overrides``,
+    the scale's ``by_dataset`` (by the column's paper data set) and ``column_overrides``; the row's
+    ``overrides``, ``by_dataset``, ``by_column``; the scale's ``rows``, ``rows_by_dataset``, ``rows_by_column``
+    of the row; the values tuning chose for the row and column; the command line's overrides; the seed."""
+    block, s, r, c = spec.block(scale), ("scales", scale), ("rows", row.name), ("columns", column.name)
+    out: list[Override] = []
+
+    def add(source: tuple[str, ...], texts: Sequence[str]) -> None:
+        out.extend(Override(text, source) for text in texts)
+
+    add(("base",), spec.base)
+    add((*s, "base"), block.base)
+    for key in PROTOCOL_KEYS:
+        own = key in (row.protocol or {})
+        add((*r, "protocol", key) if own else ("protocol", key),
+            [f"eval.primary.{key}={(row.protocol if own else spec.protocol)[key]}"])  # type: ignore[index]
+    experiment = spec.exp or f"{spec.paper}/{table_label(spec.table)}"
+    add(("(bench.table: the experiment and --out-dir)",), [f"exp={experiment}/{scale}", f"out_dir={out_dir}"])
+    dataset = block.datasets.get(column.dataset, column.dataset)
+    stand_in = column.dataset in block.datasets
+    add((*s, "datasets", column.dataset) if stand_in else (*c, "dataset"), [f"dataset={dataset}"])
+    add((*s, "dataset_overrides", dataset), block.dataset_overrides.get(dataset, []))
+    add((*s, "model") if block.model is not None else (*c, "model"), [f"model={block.model or column.model}"])
+    add((*c, "overrides"), column.overrides)
+    add((*s, "by_dataset", column.dataset), block.by_dataset.get(column.dataset, []))
+    add((*s, "column_overrides", column.name), block.column_overrides.get(column.name, []))
+    add((*r, "overrides"), row.overrides)
+    add((*r, "by_dataset", column.dataset), row.by_dataset.get(column.dataset, []))
+    add((*r, "by_column", column.name), row.by_column.get(column.name, []))
+    add((*s, "rows", row.name), block.rows.get(row.name, []))
+    add((*s, "rows_by_dataset", row.name, column.dataset),
+        block.rows_by_dataset.get(row.name, {}).get(column.dataset, []))
+    add((*s, "rows_by_column", row.name, column.name), block.rows_by_column.get(row.name, {}).get(column.name, []))
+    add(("(tuning: the grid point chosen on validation data)",), row.tuned.get(column.name, []))
+    add(("(command line)",), extra)
+    add(("(seed)",), [f"seed={seed}"])
+    return out
+
+
 @dataclass(frozen=True)
 class Cell:
     row: str
@@ -75,30 +286,44 @@ class Cell:
     overrides: tuple[str, ...]
 
 
-def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+def spec_files(path: str | os.PathLike) -> list[Path]:
+    """The files a spec is merged from, in order: its ``include:`` files (shared files of its folder), then itself."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"table spec {path} does not exist: give a file conf/paper/<paper>/<table>.yaml "
                                 "(make help lists the tables)")
-    raw = OmegaConf.load(path)
-    if "include" in raw:  # shared files of a paper's folder (base overrides, scales, rows), merged in order
-        included = raw.pop("include")  # one file or a list; later files and the spec itself override earlier
-        names = [included] if isinstance(included, str) else list(included)
-        for name in names:
-            if not (Path(path).parent / name).is_file():
-                raise ValueError(f"table spec {path}: include names {name!r}, which is not a file in "
-                                 f"{Path(path).parent}; list files of the spec's own folder")
-        raw = OmegaConf.merge(*(OmegaConf.load(Path(path).parent / name) for name in names), raw)
+    included = OmegaConf.load(path).get("include") or []  # one file or a list; later ones override earlier
+    names = [included] if isinstance(included, str) else list(included)
+    for name in names:
+        if not (Path(path).parent / name).is_file():
+            raise ValueError(f"table spec {path}: include names {name!r}, which is not a file in "
+                             f"{Path(path).parent}; list files of the spec's own folder")
+    return [*(Path(path).parent / name for name in names), Path(path)]
+
+
+def origin(files: Sequence[Path], source: tuple[str, ...]) -> Path | None:
+    """The file of ``files`` (merged in order) that gives the spec keys ``source`` of an :class:`Override`: the
+    last that sets them (lists, such as ``rows``, are replaced whole by a later file); None: not a spec key."""
+    found = None
+    for path in files:
+        node: Any = OmegaConf.to_container(OmegaConf.load(path))
+        for part in source:
+            if not isinstance(node, dict) or part not in node:
+                node = None
+                break
+            node = node[part]
+            if isinstance(node, list):  # rows / columns: the whole list comes from this file
+                break
+        found = path if node is not None else found
+    return found
+
+
+def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+    """The spec at ``path``, its ``include:`` files merged underneath; checked (:class:`TableSpec` and more)."""
+    files = spec_files(path)
+    raw = OmegaConf.merge(*(OmegaConf.load(file) for file in files))
+    raw.pop("include", None)
     spec = OmegaConf.to_container(raw, resolve=True)
-    for key in ("paper", "table", "columns", "rows", "seeds", "protocol"):
-        if key not in spec:
-            raise ValueError(f"table spec {path} lacks the key {key!r}")
-    shown = spec.get("metrics", [])
-    if not isinstance(shown, list) or not all(isinstance(n, str) for n in shown):
-        raise ValueError(f"table spec {path}: metrics is {shown!r}: give a list of names the methods record "
-                         "(e.g. [personal_fraction])")
-    notes = spec.get("notes", [])
-    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise ValueError(f"table spec {path}: notes is {notes!r}: give a list of sentences (caption lines)")
+    TableSpec.parse(spec, f"table spec {path}")  # every key known, every required one there, lists of strings
     rows = [row.get("name") for row in spec["rows"]]
     for where, proto in [("protocol", spec["protocol"]),
                          *((f"row {row.get('name')!r}: protocol", row["protocol"]) for row in spec["rows"]
@@ -154,7 +379,11 @@ def check_protocol(proto: Any, where: str, full: bool) -> None:
 
 def label(spec: dict[str, Any]) -> str:
     """``table2`` for a numbered table ("2"), the name itself otherwise (``fig3``, ``demo``)."""
-    name = str(spec["table"])
+    return table_label(spec["table"])
+
+
+def table_label(table: str | int) -> str:
+    name = str(table)
     return f"table{name}" if name[:1].isdigit() else name
 
 
@@ -166,40 +395,21 @@ def experiment(spec: dict[str, Any]) -> str:
 
 def expand(spec: dict[str, Any], scale: str, seeds: Sequence[int] | None = None,
            out_dir: str = "runs", extra: Sequence[str] = ()) -> list[Cell]:
-    """Every (row, column, seed) cell with its full Hydra override list."""
+    """Every (row, column, seed) cell with its full Hydra override list (:func:`cell_overrides`)."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is invalid: use one of {list(SCALES)}")
-    mini = scale_block(spec, scale)  # the mini or medium block (stand-in data, fewer rounds ...)
-    if scale != "paper" and not mini:
+    if scale != "paper" and not scale_block(spec, scale):
         raise ValueError(f"table {spec['paper']}/{spec['table']} has no {scale} scale: add scales.{scale} to its spec "
                          "or use another --scale")
-    seeds = list(seeds if seeds is not None else mini.get("seeds", spec["seeds"]))
-    common = [*spec.get("base", []), *mini.get("base", [])]
-    placed = [f"exp={experiment(spec)}/{scale}", f"out_dir={out_dir}"]
-    cells = []
-    for column in scale_columns(spec, scale):
-        dataset = mini.get("datasets", {}).get(column["dataset"], column["dataset"]) if mini else column["dataset"]
-        model = mini.get("model", column["model"]) if mini else column["model"]
-        data_extra = mini.get("dataset_overrides", {}).get(dataset, []) if mini else []
-        column_extra = [*mini.get("by_dataset", {}).get(column["dataset"], []),  # keyed by the paper's data set
-                        *mini.get("column_overrides", {}).get(column["name"], [])] if mini else []
-        for row in spec["rows"]:
-            if row.get("unavailable"):
-                continue
-            row_extra = [*row.get("by_dataset", {}).get(column["dataset"], []),
-                         *row.get("by_column", {}).get(column["name"], []),
-                         *mini.get("rows", {}).get(row["name"], []),
-                         *mini.get("rows_by_dataset", {}).get(row["name"], {}).get(column["dataset"], []),
-                         *mini.get("rows_by_column", {}).get(row["name"], {}).get(column["name"], []),
-                         *row.get("tuned", {}).get(column["name"], [])]  # values chosen by bench.tuning
-            proto = row_protocol(spec, row["name"])
-            scored = [f"eval.primary.{key}={proto[key]}" for key in PROTOCOL_KEYS]
-            for seed in seeds:
-                overrides = (*common, *scored, *placed, f"dataset={dataset}", *data_extra, f"model={model}",
-                             *column.get("overrides", []), *column_extra, *row["overrides"], *row_extra, *extra,
-                             f"seed={seed}")
-                cells.append(Cell(row["name"], column["name"], seed, overrides))
-    return cells
+    typed = TableSpec.parse(spec, f"table {spec['paper']}/{spec['table']}")
+    block = typed.block(scale)
+    seeds = list(seeds if seeds is not None else block.seeds if block.seeds is not None else typed.seeds)
+    run = {column["name"] for column in scale_columns(spec, scale)}
+    return [Cell(row.name, column.name, seed,
+                 tuple(o.text for o in cell_overrides(typed, scale, row, column, seed, out_dir, extra)))
+            for column in typed.columns if column.name in run
+            for row in typed.rows if not row.unavailable
+            for seed in seeds]
 
 
 @dataclass(frozen=True)

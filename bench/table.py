@@ -51,7 +51,12 @@ is listed, and makes the command exit non-zero, like a failed or diverged run.
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
 
-Every cell's config is composed and validated before the first run starts, so a typo fails at once.
+Every key is checked when the spec loads: a key that is not in this schema (the dataclasses ``TableSpec``,
+``Column``, ``Row``, ``ScaleBlock`` and ``Tuning`` of ``bench.spec``) is refused, naming it and the allowed keys
+(top-level keys starting with ``_`` only hold YAML anchors). A cell's overrides apply in one order, defined by
+``bench.spec.cell_overrides``; ``--explain 'ROW | COLUMN'`` prints them with the spec key and file each comes
+from and which later one replaces it. Every cell's config is composed and validated before the first run
+starts, so a typo in an override fails at once.
 Finished runs are reused (the run directory is a function of the config); only missing or failed cells
 train, through the launcher of ``conf/launcher/`` (``bench.launch``). Tables are written by
 ``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time. Every table
@@ -64,6 +69,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from bench.cells import run_cells
 from bench.collect import collect
@@ -71,8 +77,8 @@ from bench.errors import config_phase, run_cli
 from bench.launch import load_launcher
 from bench.precheck import CellsError
 from bench.render import write_table
-from bench.spec import SCALES, expand, load_spec
-from bench.tuning import tune
+from bench.spec import SCALES, TableSpec, cell_config, cell_overrides, expand, load_spec, origin, spec_files
+from bench.tuning import tune, with_tuned
 from bench.wandb_tables import after_table
 
 
@@ -100,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "shows only the start and final lines anyway")
     parser.add_argument("--no-precheck", dest="precheck", action="store_false",
                         help="skip loading each data set and partition here before launching")
+    parser.add_argument("--explain", metavar="'ROW | COLUMN'",
+                        help="print each override of that cell (its first seed) with where it comes from, in the "
+                             "order they apply (bench.spec.cell_overrides), and its run directory; run nothing")
     parser.add_argument("overrides", nargs="*",
                         help="Hydra overrides for every cell (device=cuda) and launcher settings (launcher.mem_gb=8)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -111,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with config_phase():
         launcher = load_launcher(args.launcher, launcher_overrides)
         spec = load_spec(args.spec)
+    if args.explain:
+        with config_phase():
+            print(explain(args.spec, with_tuned(spec, args.scale, args.results), args.scale, args.explain,
+                          args.seeds, args.out_dir, overrides))
+        return 0
     if spec.get("tuning") and not args.dry_run:
         spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
     with config_phase():
@@ -134,6 +148,37 @@ def main(argv: Sequence[str] | None = None) -> int:
               "not train (final accuracy not above chance); the table lists them", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def explain(path: str, spec: dict[str, Any], scale: str, cell: str, seeds: Sequence[int] | None = None,
+            out_dir: str = "runs", extra: Sequence[str] = ()) -> str:
+    """Each override of the cell ``"ROW | COLUMN"`` (at its first seed) in the order Hydra applies them, with the
+    spec keys and the file it comes from, and which later override replaces it; then the cell's run directory."""
+    from bench.run import run_dir_for
+
+    row_name, _, column_name = (part.strip() for part in cell.partition("|"))
+    matches = [c for c in expand(spec, scale, seeds, out_dir, extra) if (c.row, c.column) == (row_name, column_name)]
+    if not matches:
+        rows = [r["name"] for r in spec["rows"]]
+        columns = [c["name"] for c in spec["columns"]]
+        raise ValueError(f"--explain {cell!r} names no cell run at the {scale} scale: give 'ROW | COLUMN', rows "
+                         f"{rows}, columns {columns}")
+    typed = TableSpec.parse(spec)
+    row = next(r for r in typed.rows if r.name == row_name)
+    column = next(c for c in typed.columns if c.name == column_name)
+    overrides = cell_overrides(typed, scale, row, column, matches[0].seed, out_dir, extra)
+    files = spec_files(path)
+    width = max(len(o.text) for o in overrides)
+    lines = [f"{path}, {scale} scale: row {row_name!r}, column {column_name!r}, seed {matches[0].seed} (seeds "
+             f"{[c.seed for c in matches]}); overrides in the order they apply, a later one winning on its key:"]
+    for i, override in enumerate(overrides):
+        found = origin(files, override.source)
+        later = next((o for o in overrides[i + 1:] if o.key() == override.key()), None)
+        lines.append(f"  {override.text:<{width}}  {override.where()}"
+                     + (f"  [{found.name}]" if found else "")
+                     + (f"  (replaced by {later.text}, {later.where()})" if later else ""))
+    lines.append(f"run directory: {run_dir_for(cell_config(matches[0], spec, scale))}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
