@@ -157,7 +157,7 @@ class FlancLayer(Decomposed):
 def conv_rank2(out_f: int, in_f: int, k2: int, rank1: int, rank_scale: float) -> int:
     """Conv R2 = round(rank_scale R1 k^2) (Eq. 14 reconstructed), capped at (T/R1) S: W arranged as the
     (R1 k^2) x ((T/R1) S) matrix U V has rank at most min(R1 k^2, (T/R1) S), so a larger R2 adds entries and no
-    expressiveness (issue 30: uncapped, the Ideal R1 = T made U alone T^2 k^4 per layer, Ideal ResNet-18 134 M
+    expressiveness (formerly uncapped: the Ideal R1 = T made U alone T^2 k^4 per layer, Ideal ResNet-18 134 M
     parameters against 11.2 M)."""
     return max(1, min(round(rank_scale * rank1 * k2), out_f // rank1 * in_f))
 

@@ -147,7 +147,7 @@ def test_pfedhn_pc_keeps_the_head_on_each_client(tmp_path):
 
 @pytest.mark.parametrize("scale", ["paper", "medium", "mini"])
 def test_pa3dfl_tables_run_pfedhn_as_the_authors_flgo_code(scale):
-    # Issue 30: the row ran the official trainer's outer SGD (lr 0.01, momentum 0.9) and generated the head, and stayed
+    # Formerly the row ran the official trainer's outer SGD (lr 0.01, momentum 0.9) and generated the head, and stayed
     # at chance (10.57 % mini IID). FLGo's pfedhn.py: the outer SGD with the run's lr, momentum and weight decay,
     # clip at the run's clip, the last two tensors (the head) local; clients train E epochs like every row.
     cells = [c for c in expand(load_spec("conf/paper/pa3dfl/table1.yaml"), scale, [0]) if c.row == "pFedHN"]
@@ -193,7 +193,7 @@ def test_pfedgate_masks_respect_every_clients_budget_on_every_batch(tmp_path):
 
 
 def test_pfedgate_keeps_every_layer_at_the_smallest_budget(tmp_path):
-    # Issue 30: with the first chunks inside the budget, a client at s_i = 1/16 lost its FC layer altogether
+    # Regression: with the first chunks inside the budget, a client at s_i = 1/16 lost its FC layer altogether
     # (its first chunk alone is more than 1/16 of the Linear group), so its model's output was the head's bias.
     exp = experiment(tmp_path, "pfedgate")
     gated = exp.fed.worker.module
@@ -211,7 +211,7 @@ def test_pfedgate_keeps_every_layer_at_the_smallest_budget(tmp_path):
 
 
 def test_pfedgate_starts_from_about_the_shared_model(tmp_path):
-    # Issue 30: with the gate's scores at 0.5 (the official start) every weight was halved and the norm-free CNN's
+    # Regression: with the gate's scores at 0.5 (the official start) every weight was halved and the norm-free CNN's
     # logits were ~16x smaller than the shared model's; it did not train. g starts at sigmoid(gate_bias) now.
     exp = experiment(tmp_path, "pfedgate")
     gated = exp.fed.worker.module.train()

@@ -122,7 +122,7 @@ def test_the_zoo_has_norm_free_models_for_the_next_test():
 
 @pytest.mark.parametrize("name", ["heterofl", "fedrolex", "fjord"])  # every method on methods/_nested.py
 def test_on_norm_free_models_the_model_trained_is_the_model_evaluated_at_every_width(tmp_path, name):
-    # Issue 30: a scaler with no norm after it divides by p in training only, so a width-1/4 cnn_fmnist predicted
+    # Regression: a scaler with no norm after it divides by p in training only, so a width-1/4 cnn_fmnist predicted
     # other classes in training than at evaluation for every input. Dropout-free, norm-free models must give the
     # same logits in both modes.
     cls, hp = method_class(to_container(config(tmp_path, f"method={name}")))

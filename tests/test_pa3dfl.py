@@ -54,7 +54,7 @@ def zoo(name: str) -> nn.Module:
 
 @pytest.mark.parametrize("name", MODELS.names())
 def test_ideal_pa3dfl_is_about_the_size_of_the_plain_model(name):
-    # Issue 30: with conv R2 = R1 k^2 and the Ideal R1 = T, U alone was up to 20x the plain model (ResNet-18: 134 M
+    # Regression: with conv R2 = R1 k^2 and the Ideal R1 = T, U alone was up to 20x the plain model (ResNet-18: 134 M
     # against 11.2 M). Capped at the rank of W's (R1 k^2) x ((T/R1) S) arrangement, a conv starts exactly at its dense
     # weight and exceeds its size by at most R2^2 <= S^2. Measured (Ideal / plain): resnet8 1.108, resnet10 1.108,
     # resnet18 1.110 (12.41 M / 11.18 M), lenet64 1.04, small_cnn 1.12, cnn_fmnist 1.16, cnn_cifar100 1.24,
@@ -109,7 +109,7 @@ def test_pruning_v_then_recovering_equals_recovering_then_slicing_w():
 
 
 def test_the_hypernetwork_personalises_from_the_start_and_its_attention_and_alphas_are_recorded(tmp_path):
-    # Issue 30: embeddings N(0, 0.01^2) gave exactly uniform attention (entropy ln N) and the same V for every client.
+    # Regression: embeddings N(0, 0.01^2) gave exactly uniform attention (entropy ln N) and the same V for every client.
     exp = experiment(tmp_path)
     net, n = exp.method.state["hn"]["net"], exp.fed.num_clients
     assert torch.allclose(net.entropy().mean(), torch.tensor(0.5 * math.log(n)), atol=1e-3)  # init_entropy 0.5
@@ -316,7 +316,7 @@ def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, 
 
 @pytest.mark.parametrize(("capacity", "p_min"), [(HETERO, 0.25), (("capacity.setting=ideal",), 1.0)])
 def test_r1_is_the_weakest_clients_width_times_t(tmp_path, capacity, p_min):
-    # Issue 30: R1 was T/16 whatever the federation; App. A fixes R1 = p_min T, p_min from the lowest capacity.
+    # Regression: R1 was T/16 whatever the federation; App. A fixes R1 = p_min T, p_min from the lowest capacity.
     exp = build_experiment(to_container(config(tmp_path, *FAST, *capacity)))
     assert min(exp.method.widths) == p_min
     for layer in pa3d_layers(exp.fed.worker.module):  # V: [T/R1, S, R2]
