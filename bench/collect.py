@@ -21,7 +21,6 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from omegaconf import OmegaConf
 
 from bench.core.records import RunDir, read_jsonl
 from bench.core.summary import chance_verdict, final_eval, pick
@@ -35,49 +34,11 @@ from bench.spec import (
     paper_numbers,
     row_protocol,
 )
-from datasets.partition_report import partition_label
 
 
 def find_runs(root: str | os.PathLike) -> list[Path]:
     """Every run directory (one holding ``config.yaml``) under ``root``."""
     return sorted(p.parent for p in Path(root).rglob("config.yaml") if not {".multirun", ".stale"} & set(p.parts))
-
-
-def load_runs(root: str | os.PathLike, protocol: dict[str, str] | None = None) -> tuple[pd.DataFrame, list[Path]]:
-    """(complete runs as a frame, incomplete run directories). ``protocol`` overrides the primary one."""
-    rows, partial = [], []
-    for run in find_runs(root):
-        summary_path = run / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        if not summary.get("complete"):
-            partial.append(run)
-            continue
-        cfg = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
-        proto = protocol or summary["protocol"]
-        result = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])
-        rows.append(
-            {
-                "run_dir": str(run),
-                "exp": summary["exp"],
-                "method": summary["method"],
-                "dataset": summary["dataset"],
-                "partition": summary["partition"],
-                "setting": partition_label(cfg["partition"]),
-                "seed": summary["seed"],
-                "acc": result["acc"],
-                "round": result["round"],
-                "protocol": f"{proto['stage']}/{proto['selection']}/{proto['weighting']}",
-            }
-        )
-    return pd.DataFrame(rows), partial
-
-
-def mean_std_table(frame: pd.DataFrame, rows: str, cols: Sequence[str] | str) -> pd.DataFrame:
-    """Cells "mean ± std (n=seeds)" of ``acc`` grouped by ``rows`` x ``cols``."""
-    cols = [cols] if isinstance(cols, str) else list(cols)
-    grouped = frame.groupby([rows, *cols])["acc"].agg(["mean", "std", "count"])
-    cells = grouped.apply(lambda r: f"{r['mean']:.2f} ± {0.0 if pd.isna(r['std']) else r['std']:.2f}", axis=1)
-    return cells.unstack(cols)
 
 
 def curves(run_dirs: Sequence[Path], stage: str = "post", split: str = "test") -> pd.DataFrame:

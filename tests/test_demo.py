@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from bench.collect import load_runs, mean_std_table
+from bench.core.summary import pick
 from bench.render import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def accuracies(runs: Path) -> dict[tuple[str, str], list[float]]:
+    """(method, partition) -> each complete run's accuracy under its own protocol, read from its summary."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for path in sorted(runs.rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        assert summary["complete"], path
+        proto = summary["protocol"]
+        acc = pick(summary["results"], proto["stage"], proto["selection"], proto["weighting"])["acc"]
+        out.setdefault((summary["method"], summary["partition"]), []).append(acc)
+    return out
 
 
 def test_demo_writes_a_table_and_curves_from_its_own_records(tmp_path):
@@ -23,34 +36,17 @@ def test_demo_writes_a_table_and_curves_from_its_own_records(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     table = (out / "table.md").read_text()
-    frame, partial = load_runs(out / "runs")
-    assert partial == []
-    assert len(frame) == 3 * 2 * 2  # methods x partitions x seeds
-    for (method, setting), cell in frame.groupby(["method", "setting"]):
-        mean, std = cell["acc"].mean(), cell["acc"].std()
+    accs = accuracies(out / "runs")
+    assert sorted(accs) == [(m, p) for m in ("fedavg", "fedprox", "local") for p in ("dirichlet", "pathological")]
+    assert all(len(values) == 2 for values in accs.values())  # seeds
+    for (method, partition), values in accs.items():
         row = next(line for line in table.splitlines() if line.startswith(f"| {method} |"))
-        assert f"{mean:.2f} ± {std:.2f}" in row, (method, setting, row)
+        assert f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" in row, (method, partition, row)
     for setting in ("pathological_k2", "dirichlet_a0.1"):
         assert (out / f"curves_{setting}.png").stat().st_size > 0
         assert (out / f"curves_{setting}.pdf").stat().st_size > 0
 
 
-def test_collection_lists_partial_runs_instead_of_averaging_them(tmp_path):
-    done = tmp_path / "exp" / "fedavg" / "a"
-    done.mkdir(parents=True)
-    (done / "config.yaml").write_text("partition: {scheme: iid}\n")
-    results = [{"stage": "post", "selection": "best", "weighting": "unweighted", "round": 3, "acc": 80.0,
-                "loss": 0.5, "val_acc": None}]
-    (done / "summary.json").write_text(json.dumps({
-        "complete": True, "exp": "exp", "method": "fedavg", "dataset": "digits", "partition": "iid", "seed": 0,
-        "protocol": {"stage": "post", "selection": "best", "weighting": "unweighted"}, "results": results}))
-    partial = tmp_path / "exp" / "fedavg" / "b"
-    partial.mkdir(parents=True)
-    (partial / "config.yaml").write_text("partition: {scheme: iid}\n")
-    (partial / "rounds.jsonl").write_text("")
-    frame, missing = load_runs(tmp_path)
-    assert list(frame["acc"]) == [80.0] and missing == [partial]
-    table = mean_std_table(frame, rows="method", cols="setting")
-    assert table.loc["fedavg", "iid"] == "80.00 ± 0.00"
+def test_markdown_table_has_the_index_name_a_separator_and_a_line_per_row():
     md = markdown_table(pd.DataFrame({"x": ["1"]}, index=pd.Index(["r"], name="method")))
     assert md.splitlines() == ["| method | x |", "|---|---|", "| r | 1 |"]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import pytest
 import torch
 import torchvision
 from torch import nn
 
-from bench.core.models import MODELS, SplitModel, build_model, load_pretrained, param_groups, scaled
+from bench.core.models import MODELS, NORM_TYPES, SplitModel, build_model, load_pretrained, scaled
 
 
 # Parameter counts of single layers, written out from the layer formulas.
@@ -189,37 +187,6 @@ def test_build_model_errors():
         make("resnet18", norm="ln")
 
 
-def test_param_groups_find_norm_layers_by_type_including_buffers():
-    model = make("resnet8")
-    groups = param_groups(model)
-    assert "body.bn1.running_mean" in groups["norm"] and "body.bn1.running_var" in groups["norm"]
-    assert "body.layer2.0.downsample.1.weight" in groups["norm"]
-    assert len(groups["norm"]) == 9 * 5  # 9 BN layers x (weight, bias, running_mean, running_var, count)
-    assert not any("conv" in k or "downsample.0" in k for k in groups["norm"])
-    assert groups["head"] == ["head.weight", "head.bias"]
-    assert set(groups["body"]) | set(groups["head"]) == set(model.state_dict())
-    assert set(param_groups(make("resnet18", norm="gn"))["norm"]) == {
-        k for k in make("resnet18", norm="gn").state_dict() if ".bn" in k or "downsample.1" in k}
-    assert param_groups(make("cnn_cifar100"))["norm"] == []
-
-    class Odd(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.head = nn.Linear(2, 2)
-            self.body = nn.Sequential(OrderedDict(fc=nn.Linear(2, 2), conv=nn.BatchNorm1d(2)))
-            self.conv_not_norm = nn.LayerNorm(2)  # misleading names: found by type
-            self.bn_but_linear = nn.Linear(2, 2)
-            self.inorm = nn.InstanceNorm2d(2, affine=True, track_running_stats=True)
-            self.gn = nn.GroupNorm(1, 2)
-
-    odd = param_groups(Odd())
-    assert set(odd["norm"]) == {
-        "body.conv.weight", "body.conv.bias", "body.conv.running_mean", "body.conv.running_var",
-        "body.conv.num_batches_tracked", "conv_not_norm.weight", "conv_not_norm.bias", "inorm.weight",
-        "inorm.bias", "inorm.running_mean", "inorm.running_var", "inorm.num_batches_tracked", "gn.weight",
-        "gn.bias"}
-
-
 @pytest.mark.parametrize("name", ["resnet8", "resnet18", "lenet64", "small_cnn"])
 def test_same_seed_same_parameters(name):
     torch.manual_seed(3)
@@ -357,8 +324,7 @@ def test_small_cnn_bn_all_normalises_every_body_layer():
     assert kinds["bn_all"].count("BatchNorm2d") == 2
     assert kinds["bn_all"][kinds["bn_all"].index("Linear") + 1] == "BatchNorm1d"
     model = make("small_cnn", norm="bn_all")
-    norm_layers = {k.rsplit(".", 1)[0] for k in param_groups(model)["norm"]}
-    assert len(norm_layers) == 3  # one per conv and one on the hidden FC
+    assert sum(isinstance(m, NORM_TYPES) for m in model.modules()) == 3  # one per conv and one on the hidden FC
     out = model(torch.randn(5, 1, 8, 8))
     assert out.shape == (5, 10)
     with pytest.raises(ValueError, match="model.options.norm='gn'.*bn_all"):

@@ -80,23 +80,6 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
                    **options)
 
 
-def param_groups(model: nn.Module) -> dict[str, list[str]]:
-    """State-dict keys by role: ``head`` (``head.*``), ``body`` (``body.*``) and ``norm``.
-
-    ``norm`` holds the parameters *and buffers* (running statistics) of every module that is a
-    normalisation layer by type (:data:`NORM_TYPES`), whatever its name, in state-dict order.
-    """
-    keys = list(model.state_dict())
-    norm_keys: set[str] = set()
-    for name, module in model.named_modules():
-        if isinstance(module, NORM_TYPES):
-            prefix = f"{name}." if name else ""
-            norm_keys.update(prefix + k for k in module.state_dict())
-    return {"head": [k for k in keys if k.startswith("head.")],
-            "body": [k for k in keys if k.startswith("body.")],
-            "norm": [k for k in keys if k in norm_keys]}
-
-
 def _flat_size(body: nn.Module, in_channels: int, image_size: int) -> int:
     """Number of features ``body`` produces for one ``in_channels x image_size x image_size`` image."""
     was_training = body.training
