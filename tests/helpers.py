@@ -58,3 +58,25 @@ def method(name: str, fed: Federation, **hp: Any) -> Method:
     m = cls(fed, hyperparameters(cls, hp))
     m.setup(fed.worker.read())
     return m
+
+
+def drawn_figures(monkeypatch: Any, module: Any) -> dict[str, Any]:
+    """Figures that ``module`` saves through its ``save`` (``bench.plots.save``), by file name, still written:
+    a test reads what was drawn, not only that a file exists."""
+    real, figures = module.save, {}
+
+    def capture(fig: Any, path: Any) -> list[Path]:
+        figures[Path(path).name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(module, "save", capture)
+    return figures
+
+
+def plotted(ax: Any) -> dict[str, tuple[list[float], list[float]]]:
+    """label -> (x, y) of each labelled line or error-bar series of a matplotlib axis."""
+    out = {}
+    for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+        line = handle.lines[0] if hasattr(handle, "lines") else handle  # an ErrorbarContainer, else a Line2D
+        out[label] = ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
+    return out

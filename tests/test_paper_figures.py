@@ -13,7 +13,7 @@ import pytest
 from bench.core.records import read_jsonl
 from bench.run import execute, run_dir_for, to_container
 from bench.spec import cell_config, expand, experiment, load_spec
-from tests.helpers import config
+from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -83,9 +83,20 @@ def test_fedselect_fig2_draws_both_readings_with_the_papers_curve_and_caption(tm
     frame = fig2_frame({"compounding": [70.0, 72.0, 80.0], "fixed": [71.0, 75.0, 73.0]})
     extra = pd.DataFrame([{"method": "FedAvg", "column": "CIFAR-10 s=2", "mean": 1.0}])
     pd.concat([frame, extra]).drop(columns="paper_mean").to_csv(out / "fig2.csv", index=False)
+    figures = drawn_figures(monkeypatch, fedselect_figures)
     paths = fedselect_figures.fig2("mini")
     assert [p.name for p in paths] == ["fig2_accuracy_vs_p.png", "fig2_accuracy_vs_p.pdf"]
     assert all((tmp_path / p).stat().st_size > 0 for p in paths)
+    # what is drawn: per column, each reading's FedSelect(p) rows (not FedAvg) against p, and the paper's curve
+    paper, p = fedselect_figures.paper_curve("mini"), [0.25, 0.5, 0.75]
+    accuracy = figures["fig2_accuracy_vs_p"].axes[:2]
+    for ax, column in zip(accuracy, ("CIFAR-10 s=2", "CIFAR-10 s=4"), strict=True):
+        assert column in ax.get_title()
+        assert plotted(ax) == {"ours, compounding": (p, [70.0, 72.0, 80.0]), "ours, fixed": (p, [71.0, 75.0, 73.0]),
+                               "paper (Table 1)": (p, [paper[(x, column)] for x in p])}
+    # the personal-fraction panels: one line per reading, empty without runs
+    assert [plotted(ax) for ax in figures["fig2_accuracy_vs_p"].axes[2:]] == [{"compounding": ([], []),
+                                                                                "fixed": ([], [])}] * 2
     caption = (out / "figures" / "fig2_accuracy_vs_p.txt").read_text().splitlines()
     assert len(caption) == 2 and "fixed: best p = 0.50 by 2.0 points, beyond the std of 1.0 (holds)" in caption[1]
     assert "paper: minimal variation over p (spread 1.7 points)" in caption[0]  # Table 1's 84.22 ... 85.91

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 
+import pytest
+
+from bench import provenance
 from bench.cells import run_cells
 from bench.collect import collect
-from bench.provenance import code_identity, method_sources
+from bench.provenance import CODE_PATHS, ROOT, code_identity, method_sources
 from bench.render import render
 from bench.run import execute
 from bench.spec import expand, load_spec
@@ -19,10 +24,63 @@ from tests.test_table import spec_file
 def test_every_summary_records_the_commit_the_dirty_flag_and_the_code_hash(tmp_path):
     summary = execute(config(tmp_path))
     code = summary["code"]
+    code_identity.cache_clear()  # computed again from the files and git, not the object the run was given
     assert code == code_identity((), summary["method"])
     assert re.fullmatch(r"[0-9a-f]{64}", code["hash"])
     assert code["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", code["commit"])
     assert code["dirty"] in (None, True, False)
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A git checkout of this tree's code (its CODE_PATHS' Python files and a README), committed, as the root."""
+    for rel in CODE_PATHS:
+        source = ROOT / rel
+        for path in ([source] if source.is_file() else sorted(source.rglob("*.py"))):
+            if "__pycache__" not in path.parts:
+                target = tmp_path / path.relative_to(ROOT)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+    (tmp_path / "README.md").write_text("notes\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "code"], check=True)
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    code_identity.cache_clear()
+    yield tmp_path
+    code_identity.cache_clear()
+
+
+def identity() -> dict:
+    code_identity.cache_clear()
+    return code_identity()
+
+
+def test_a_clean_checkout_names_its_commit_and_an_edit_to_the_code_makes_it_dirty_and_moves_the_hash(tree):
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    clean = identity()
+    assert clean["commit"] == head and clean["dirty"] is False
+    fedavg = tree / "methods" / "fedavg.py"
+    original = fedavg.read_text()
+    fedavg.write_text(original + "# an edit\n")
+    edited = identity()
+    assert edited["commit"] == head and edited["dirty"] is True and edited["hash"] != clean["hash"]
+    fedavg.write_text(original)  # the same bytes again: the same hash, clean again
+    assert identity() == clean
+    (tree / "bench" / "core" / "new_module.py").write_text("X = 1\n")  # an untracked source file counts too
+    added = identity()
+    assert added["dirty"] is True and added["hash"] not in (clean["hash"], edited["hash"])
+    (tree / "bench" / "core" / "new_module.py").unlink()
+    (tree / "README.md").write_text("other notes\n")  # outside the code that computes results: no change
+    assert identity() == clean
+
+
+def test_outside_a_git_checkout_the_hash_alone_identifies_the_code(tree):
+    clean = identity()
+    shutil.rmtree(tree / ".git")
+    assert identity() == {"commit": None, "dirty": None, "hash": clean["hash"]}
 
 
 def test_a_config_import_is_part_of_the_code_identity():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from bench.compose import to_container
+from bench.core import engine
 from bench.core.aggregate import WeightedMean
 from bench.core.builder import build_experiment
 from bench.core.flat import FlatModel
@@ -126,15 +127,39 @@ def test_a_two_width_method_trains_evaluates_and_resumes_to_identical_records(tm
     assert '"stage": "post"' in whole and '"stage": "pre"' in whole
 
 
-def test_two_widths_train_both_slices_and_evaluate_each_client_on_its_width(tmp_path):
+def test_two_widths_train_both_slices_and_evaluate_each_client_on_its_width(tmp_path, monkeypatch):
     cfg = to_container(config(tmp_path, *TOY, "method.name=toy_widths", "+method.widths=[1.0,0.25]", "rounds=1"))
     experiment = build_experiment(cfg)
+    method = experiment.method
     seen: list[tuple[int, int]] = []
-    experiment.method.setup(experiment.fed.worker.read())
-    experiment.engine().round(1, on_client=lambda task, worker: seen.append((task.cid, worker.size)))
+    trained: dict[int, torch.Tensor] = {}
+    evaluated: list[tuple[int, int, torch.Tensor]] = []  # (client, worker size, model evaluated), in order
+    real_evaluate = engine.evaluate
+
+    def evaluate(method_, worker, data, split, batch_size):
+        evaluated.append((data.cid, worker.size, worker.vector.clone()))
+        return real_evaluate(method_, worker, data, split, batch_size)
+
+    def on_client(task, worker):
+        seen.append((task.cid, worker.size))
+        trained[task.cid] = worker.vector.clone()
+
+    monkeypatch.setattr(engine, "evaluate", evaluate)
+    method.setup(experiment.fed.worker.read())
+    records = experiment.engine().round(1, on_client=on_client, evaluate=True)
     full, quarter = experiment.fed.worker.size, experiment.fed.worker_for(0.25).size
     assert quarter < full and seen == [(0, full), (1, quarter), (2, full), (3, quarter)]
     assert experiment.fed.worker_for(0.25) is experiment.fed.worker_for(0.25)  # built once, cached
+    # pre: each client's trained model on its own width, right after its upload; post: each client's slice of the
+    # aggregated model, again on its own width
+    pre, post = evaluated[:4], evaluated[4:]
+    assert [(cid, size) for cid, size, _ in pre] == seen
+    assert all(torch.equal(vector, trained[cid]) for cid, _, vector in pre)
+    assert [(cid, size) for cid, size, _ in post] == seen
+    for cid, _, vector in post:
+        assert torch.equal(vector, method.state["global"][method.positions(cid, 1)])
+    stages = {(r["stage"], r["split"]): r for r in records if r["kind"] == "eval"}
+    assert set(stages) == {("pre", "test"), ("post", "test")} and stages[("post", "test")]["clients"] == [0, 1, 2, 3]
 
 
 def test_a_method_adds_a_head_and_checkpoints_a_server_module_with_its_optimizer(tmp_path):
