@@ -52,11 +52,12 @@ A row with ``unavailable: <reason>`` is not run; the table shows the reason in i
 ``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
 
 Every key is checked when the spec loads: a key that is not in this schema (the dataclasses ``TableSpec``,
-``Column``, ``Row``, ``ScaleBlock`` and ``Tuning`` of ``bench.spec``) is refused, naming it and the allowed keys
-(top-level keys starting with ``_`` only hold YAML anchors). A cell's overrides apply in one order, defined by
-``bench.spec.cell_overrides``; ``--explain 'ROW | COLUMN'`` prints them with the spec key and file each comes
-from and which later one replaces it. Every cell's config is composed and validated before the first run
-starts, so a typo in an override fails at once.
+``Column``, ``Row``, ``ScaleBlock`` and ``Tuning`` of ``bench.spec_schema``) is refused, naming it and the
+allowed keys (top-level keys starting with ``_`` only hold YAML anchors). A cell's overrides apply in one
+order, defined by ``bench.spec.cell_overrides``; ``--explain 'ROW | COLUMN'`` prints them with the spec key
+and file each comes from and which later one replaces it. Every cell's config is composed and validated
+before the first run starts, so a typo in an override fails at once.
+
 Finished runs are reused (the run directory is a function of the config); only missing or failed cells
 train, through the launcher of ``conf/launcher/`` (``bench.launch``). Tables are written by
 ``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time. Every table
