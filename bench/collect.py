@@ -71,6 +71,7 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     untrained: dict[tuple[str, str], list[str]] = {}  # (row, output column) -> why, per seed
     unchecked = 0  # runs not judged against chance
     metrics: dict[str, dict[tuple[str, str], list[float]]] = {}  # spec metrics -> (row, column) -> per seed
+    sizes: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (row, column) -> each run's capacity record
     for cell, path in dirs.items():
         run = RunDir(path)
         state = run.summary_state()
@@ -108,6 +109,8 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
             value = summary.get("final_metrics", {}).get(name)
             if isinstance(value, int | float):
                 metrics.setdefault(name, {}).setdefault((cell.row, cell.column), []).append(float(value))
+        if summary.get("capacity"):
+            sizes.setdefault((cell.row, cell.column), []).append(summary["capacity"])
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
         imports = tuple(cfg.get("imports") or ())
         stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, imports)
@@ -151,11 +154,32 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     frame.attrs["metrics"] = {name: [{"row": row, "column": column, "mean": sum(v) / len(v), "runs": len(v)}
                                      for (row, column), v in cells.items()] for name, cells in metrics.items()}
     frame.attrs["test_images"] = [min(test_images), max(test_images)] if test_images else []
+    frame.attrs["widths"] = width_statistics(spec, sizes)
     frame.attrs["seeds"] = sorted({int(n) for n in frame["seeds"] if n})
     frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],
                                                [r["name"] for r in spec["rows"]], published)
     frame.attrs["ordering"] = orderings(frame)
     return frame, problems
+
+
+def width_statistics(spec: dict[str, Any], sizes: dict[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per row and column (row order): the mean share of the full model its clients train (p^2 of width p;
+    pFedGate's sparsity) over clients and seeds, the widest client width and the rule that sized them, from the
+    runs' summaries (``capacity``; a summary written before costs were recorded gives p^2, one before rules
+    "not recorded"). Empty when every run's capacity setting is ideal (every client at full width)."""
+    if all(record["setting"] == "ideal" for records in sizes.values() for record in records):
+        return []
+    out = []
+    for row in spec["rows"]:
+        for (name, column), records in sizes.items():
+            if name != row["name"]:
+                continue
+            costs = [c for r in records for c in r.get("cost") or [w * w for w in r["width"]]]
+            rules = sorted({r.get("rule", "not recorded") for r in records})
+            out.append({"row": name, "column": column, "mean_p2": sum(costs) / len(costs),
+                        "widest": max(w for r in records for w in r["width"]), "rule": "; ".join(rules),
+                        "runs": len(records)})
+    return out
 
 
 def eval_at(run: Path, stage: str, round_: int, split: str = "test",

@@ -110,6 +110,7 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
         protocol += " Rows scored differently or after fine-tuning: " + "; ".join(
             f"{row}: {text}" for row, text in rows.items()) + "."
     notes = list(spec.get("notes") or [])  # the spec's own caption lines (e.g. where the code overrides the text)
+    notes += width_caption(frame.attrs.get("widths", []) if frame is not None else [])
     if not has_paper:
         return [*lines, protocol, *notes]
     lines += [protocol + " (paper) columns are the published numbers" + (
@@ -119,6 +120,33 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
         lines += [f"§ The paper's number comes from a secondary source ({', '.join(secondary)}), not from the "
                   "paper's text: a transcription that has not been checked against the paper."]
     return [*lines, *notes]
+
+
+def width_caption(widths: Sequence[dict[str, Any]]) -> list[str]:
+    """Two caption lines from ``frame.attrs["widths"]`` (:func:`bench.collect.width_statistics`): per group of
+    columns with the same numbers, each row's mean p^2 and widest width; then which rule sized each row."""
+    if not widths:
+        return []
+    columns: dict[str, dict[str, tuple[float, float]]] = {}
+    for w in widths:
+        columns.setdefault(w["column"], {})[w["row"]] = (w["mean_p2"], w["widest"])
+    groups: dict[tuple, list[str]] = {}
+    for column, rows in columns.items():
+        groups.setdefault(tuple(rows.items()), []).append(column)
+    parts = []
+    for rows, names in groups.items():
+        if all(p2 == 1 and widest == 1 for _, (p2, widest) in rows):
+            parts.append(f"{', '.join(names)}: every client of every row at full width")
+        else:
+            parts.append(f"{', '.join(names)}: "
+                         + ", ".join(f"{row} {p2:.3f} / {widest:g}" for row, (p2, widest) in rows))
+    rules: dict[str, list[str]] = {}
+    for w in widths:
+        if w["row"] not in rules.setdefault(w["rule"], []):
+            rules[w["rule"]].append(w["row"])
+    return ["Client model sizes from the runs' records, mean p² over clients and seeds / widest width p (p² is "
+            "the share of the full model a client trains; pFedGate's is its sparsity): " + "; ".join(parts) + ".",
+            "Sized by: " + "; ".join(f"{', '.join(rows)}: {rule}" for rule, rows in rules.items()) + "."]
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -136,7 +164,8 @@ def _latex_escape(text: str) -> str:
                        ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
                        ("^", r"\textasciicircum{}")):
         out = out.replace(char, repl)
-    for char, repl in (("±", r"$\pm$"), ("⚑", r"$^\dagger$"), ("‡", r"$^\ddagger$"), ("§", r"\S{}"), ("—", "--")):
+    for char, repl in (("±", r"$\pm$"), ("⚑", r"$^\dagger$"), ("‡", r"$^\ddagger$"), ("§", r"\S{}"), ("—", "--"),
+                       ("²", r"$^2$"), ("≤", r"$\le$")):
         out = out.replace(char, repl)
     return out
 
@@ -268,6 +297,7 @@ def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems:
     stats["row_protocols"] = frame.attrs.get("row_protocols", {})
     stats["unchecked_runs"] = frame.attrs.get("unchecked_runs", 0)
     stats["metrics"] = frame.attrs.get("metrics", {})
+    stats["widths"] = frame.attrs.get("widths", [])
     atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
     return base.with_suffix(".md")
 

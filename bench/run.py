@@ -36,7 +36,7 @@ from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import METHODS, Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
-from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, final_eval, pick
+from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, early_stop, final_eval, pick
 from bench.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
@@ -52,7 +52,10 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
 #: config keys (dotted for a key inside a section) added after runs existed, left out of a run's identity while
 #: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
 NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
-                "train.norm_mode": lambda value: value == "train"}
+                "train.norm_mode": lambda value: value == "train", "eval.early_stop": lambda value: value is None,
+                **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
+                   for key, neutral in (("width_rule", lambda value: value == "method"),
+                                        ("width_step", lambda value: value is None))}}
 
 
 def _drop_neutral(semantic: dict[str, Any]) -> None:
@@ -112,6 +115,9 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
             raise ValueError(f"eval.primary.{key}={primary[key]!r} is invalid: use one of {list(allowed)}")
     if primary["selection"] == "best_val" and not cfg["partition"].get("val_fraction"):
         raise ValueError("eval.primary.selection=best_val needs a validation split: set partition.val_fraction > 0")
+    if cfg["eval"].get("early_stop") is not None and not cfg["partition"].get("val_fraction"):
+        raise ValueError(f"eval.early_stop={cfg['eval']['early_stop']} watches the validation accuracy and needs a "
+                         "validation split: set partition.val_fraction > 0, or eval.early_stop=null")
     if not str(cfg["device"]).startswith(("cpu", "cuda")):
         raise ValueError(f"device={cfg['device']!r} is invalid: use cpu, cuda or cuda:<index>")
     if check_device and str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
@@ -191,6 +197,8 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         raise RunDiverged(f"{err} (run directory {run.path})") from None
     primary = conf["eval"]["primary"]
     records = run.records()
+    stopping = ({"early_stop": early_stop(records, engine.cfg.early_stop, engine.stop_stage(), primary["weighting"])}
+                if engine.cfg.early_stop is not None else {})
     summary = {
         "complete": True,
         "schema": 1,
@@ -211,6 +219,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "trained": training_verdict(conf, data, records),
         "results": results,
         "final_metrics": final_metrics(records),
+        **stopping,
     }
     atomic_write_json(run.summary, summary)
     (run.path / "error.txt").unlink(missing_ok=True)  # a failure reported earlier is history now

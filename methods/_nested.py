@@ -31,7 +31,7 @@ import torch.fx
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import widths_for
+from bench.core.capacity import WidthRule
 from bench.core.engine import ClientRound, Federation, Method
 from bench.core.flat import FlatModel
 from bench.core.models import NORM_TYPES
@@ -136,7 +136,7 @@ class NestedWidths(Method):
     def __init__(self, fed: Federation, hp: Any) -> None:
         super().__init__(fed, hp)
         check_hyper(hp)
-        self.widths: list[float] = widths_for(fed.capacities, hp.width_rule, hp.width_step)
+        self.width_rule, self.widths = fed.client_widths(WidthRule(hp.width_rule, hp.width_step))
         self._positions: dict[tuple[float, int], torch.Tensor] = {}
         self._recollected: dict[tuple[float, int], torch.Tensor] = {}
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import widths_for
+from bench.core.capacity import WidthRule
 from bench.core.engine import METHODS, ClientRound, Federation, Method
 from bench.core.flat import FlatModel
 from methods._decomposed import Decomposed, decompose, decomposed_layers
@@ -57,7 +57,7 @@ class FLANC(Method):
 
     def __init__(self, fed: Federation, hp: FLANCHyper) -> None:
         super().__init__(fed, hp)
-        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
+        self.width_rule, self.widths = fed.client_widths(WidthRule("multiple", hp.width_step))
 
     @classmethod
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import client_capacities, widths_for
+from bench.core.capacity import WidthRule, client_capacities, shared_width_rule
 from bench.core.engine import METHODS, ClientRound, Federation, Method, evaluate
 from bench.core.flat import FlatModel
 from bench.core.seeding import derive_seed
@@ -85,7 +85,8 @@ class Pa3dFLHyper:
         assert self.federation is not None
         capacities = client_capacities(self.federation["capacity"], int(self.federation["num_clients"]),
                                        int(self.federation["data_seed"]))
-        return min(widths_for(capacities, "multiple", self.width_step))
+        rule = shared_width_rule(self.federation["capacity"]) or WidthRule("multiple", self.width_step)
+        return min(rule.widths(capacities))
 
 
 class Pa3dLayer(nn.Module):
@@ -279,7 +280,7 @@ class Pa3dFL(Method):
 
     def __init__(self, fed: Federation, hp: Pa3dFLHyper) -> None:
         super().__init__(fed, hp)
-        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
+        self.width_rule, self.widths = fed.client_widths(WidthRule("multiple", hp.width_step))
         rank = hp.rank()
         if hp.rank_width is None and rank != min(self.widths):
             raise ValueError(f"Pa3dFL: method.federation gives p_min = {rank}, this run's clients {min(self.widths)}: "

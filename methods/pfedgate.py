@@ -118,6 +118,12 @@ class PFedGate(PartialPersonalization):
         self.budgets = [min(float(r), hp.sparsity or 1.0) for r in fed.capacities]
         self._gate_opt: torch.optim.Optimizer | None = None
 
+    def client_cost(self, cid: int) -> float:
+        return self.budgets[cid]
+
+    def capacity_rule(self) -> str:
+        return "sparsity s = min(r, method.sparsity) of the full model (blocks masked), not a width"
+
     @classmethod
     def extend_model(cls, model: nn.Module, hp: Any, width: float = 1.0) -> nn.Module:
         return GatedModel(model, hp)

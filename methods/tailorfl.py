@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.aggregate import WeightedMean
-from bench.core.capacity import widths_for
+from bench.core.capacity import WidthRule
 from bench.core.engine import METHODS, ClientRound, Federation, Method
 from bench.core.flat import FlatModel
 from bench.core.models import NORM_TYPES
@@ -68,7 +68,7 @@ class TailorFL(Method):
 
     def __init__(self, fed: Federation, hp: TailorFLHyper) -> None:
         super().__init__(fed, hp)
-        self.widths = widths_for(fed.capacities, "multiple", hp.width_step)
+        self.width_rule, self.widths = fed.client_widths(WidthRule("multiple", hp.width_step))
         full = fed.worker
         self.dims = channel_groups(full.module)
         weights = [(e, self.dims[(e.name, 0)]) for e in full.entries if e.name.startswith("body.")

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 import pytest
 import torch
+import torch.nn.functional as F
 
+from bench.compose import to_container
+from bench.core.builder import build_experiment
+from bench.spec import cell_config, expand, load_spec
 from datasets.augment import (
     Compose,
     Normalize,
@@ -14,6 +21,8 @@ from datasets.augment import (
     build_transform,
     rotate,
 )
+from tests.helpers import config
+from tests.test_sources import cifar_batch
 
 SPEC = [
     {"name": "random_crop", "size": 8, "padding": 2},
@@ -179,3 +188,40 @@ def test_generator_device_differs_from_batch_device() -> None:
     for t in (RandomCrop(8, 2), RandomHorizontalFlip(), RandomRotation(10), Normalize([0.5] * 3, [0.2] * 3)):
         out = t(x, gen(0))
         assert out.device.type == "meta" and out.shape == x.shape
+
+
+# ------------------------------------------------------------------ Pa3dFL's CIFAR columns (paper's augmentation)
+def test_pa3dfl_cifar_columns_augment_training_batches_as_the_authors_flgo_code(tmp_path) -> None:
+    spec = load_spec(Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / "table1.yaml")
+    for scale in ("paper", "mini"):
+        for cell in {c.column: c for c in expand(spec, scale, seeds=[0]) if c.row == "Pa3dFL"}.values():
+            names = [t["name"] for t in cell_config(cell)["dataset"]["train_transform"]]
+            cifar = scale == "paper" and cell.column.startswith("CIFAR")  # the stand-in and Fashion-MNIST: none
+            assert names == (["normalize", "random_crop", "hflip"] if cifar else []), (scale, cell.column)
+    paper = next(c for c in expand(spec, "paper", seeds=[0]) if c.column == "CIFAR-10 Hetero")
+    transforms = [o for o in paper.overrides if o.startswith(("dataset.train_transform", "dataset.test_transform"))]
+    folder = tmp_path / "cifar-10-batches-py"  # a tiny CIFAR-10 in the official format
+    for i in range(1, 6):
+        cifar_batch(folder / f"data_batch_{i}", 8, i, "labels", 10, 2)
+    cifar_batch(folder / "test_batch", 8, 9, "labels", 10, 2)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f, protocol=2)
+    cfg = to_container(config(tmp_path, "dataset=cifar10", f"data_root={tmp_path}", "partition=iid", "num_clients=2",
+                              "model=small_cnn", *transforms))
+    client = build_experiment(cfg).data.client(0)
+    mean, std = torch.tensor([0.4914, 0.4822, 0.4465]).view(3, 1, 1), torch.tensor([0.247, 0.243, 0.262]).view(3, 1, 1)
+    raw = client.pool.images[client.train]
+    normalised = (raw - mean) / std
+    x, _ = next(client.batches("train", 64, gen(0), shuffle=False))
+    again, _ = next(client.batches("train", 64, gen(0), shuffle=False))
+    other, _ = next(client.batches("train", 64, gen(1), shuffle=False))
+    assert torch.equal(x, again) and not torch.equal(x, other)  # drawn from the generator alone
+    flips = 0
+    for k in range(x.shape[0]):  # each image is a 32 x 32 window of its zero-padded normalised image, maybe mirrored
+        padded = F.pad(normalised[k], (4, 4, 4, 4))
+        plain, mirrored = find_offsets(padded, x[k]), find_offsets(padded, x[k].flip(-1))
+        assert plain or mirrored, k
+        flips += not plain
+    assert 0 < flips < x.shape[0]
+    test, _ = next(client.batches("test", 64, shuffle=False, augment=False))
+    assert torch.allclose(test, (client.pool.images[client.test] - mean) / std)  # evaluation: normalised only

@@ -209,3 +209,25 @@ def test_scale_rows_by_column_reach_only_that_row_and_column(tmp_path):
         spec_file(tmp_path, two_columns + "    rows_by_column: {" + bad + "}\n")
         with pytest.raises(ValueError, match=message):
             load_spec(tmp_path / "toy.yaml")
+
+
+def test_the_caption_states_each_rows_mean_p_squared_widest_width_and_rule_from_the_runs(tmp_path):
+    hetero = SPEC.replace("eval.chance_z=null]", "eval.chance_z=null, capacity.setting=grid, capacity.low=0.0625]")
+    hetero = hetero.replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
+                            "  - {name: HeteroFL, overrides: [method=heterofl]}\n"
+                            "  - {name: HeteroFL own, overrides: [method=heterofl, capacity.width_rule=method]}\n")
+    spec = load_spec(spec_file(tmp_path, hetero.replace("base: [rounds=2,", "base: [capacity.width_rule=multiple, "
+                                                                          "rounds=2,")))
+    cells = expand(spec, "mini", out_dir=str(tmp_path / "runs"))
+    frame, problems = collect(spec, "mini", run_cells(cells))
+    md = write_table(spec, "mini", frame, problems, tmp_path / "results").read_text()
+    # r = 1/16, 3/8, 11/16, 1: shared rule p = 1/4, 1/2, 3/4, 1 (mean p^2 0.469); HeteroFL's own 1/4, 1/2, 1/2, 1
+    # (0.391); FedAvg and Separate run the weakest client's 1/4 everywhere
+    assert ("A: FedAvg 0.062 / 0.25, Separate 0.062 / 0.25, HeteroFL 0.469 / 1, HeteroFL own 0.391 / 1." in md)
+    assert "HeteroFL: the largest multiple p of p_min with p² ≤ r" in md
+    assert "HeteroFL own: the largest p in {1, 1/2, 1/4, ...} with p² ≤ r" in md
+    tex = (tmp_path / "results" / "fedcac" / "table1.tex").read_text()
+    assert r"p$^2$ $\le$ r" in tex
+    from bench.render import rerender
+
+    assert rerender(spec, "mini", tmp_path / "results").read_text() == md  # from the CSV and .stats.json alone

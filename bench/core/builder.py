@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import methods  # noqa: F401  (registers every method)
-from bench.core.capacity import IDEAL, client_capacities, weakest_width
+from bench.core.capacity import IDEAL, WidthRule, client_capacities, shared_width_rule, unaware_width
 from bench.core.data import FederatedData, build_federated_data, load_sources
 from bench.core.engine import (
     METHODS,
@@ -44,6 +44,9 @@ def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
         checkpoint_every_rounds=int(cfg["checkpoint"]["every_rounds"]),
         checkpoint_every_seconds=float(cfg["checkpoint"]["every_seconds"]),
         seed=int(cfg["seed"]),
+        early_stop=cfg["eval"].get("early_stop"),
+        stop_stage=cfg["eval"]["primary"]["stage"],
+        stop_weighting=cfg["eval"]["primary"]["weighting"],
     )
 
 def import_plugins(cfg: Mapping[str, Any]) -> None:
@@ -124,7 +127,8 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
     import_plugins(cfg)
     cls, hp = method_class(cfg)
     capacities = client_capacities(cfg.get("capacity"), int(cfg["num_clients"]), int(cfg["data_seed"]))
-    cfg = model_scaled(cfg, base_width(cls, capacities))
+    shared = shared_width_rule(cfg.get("capacity"))
+    cfg = model_scaled(cfg, base_width(cls, capacities, shared))
     sources = None
     if data is None:  # the model is checked against the data before the partition is computed (and cached)
         sources = load_sources(cfg["dataset"], cfg.get("data_root"))
@@ -147,7 +151,7 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
         check_clients_nonempty({s: data.sizes(s).tolist() for s in EMPTY_SPLIT_FIX}, cls, cfg["partition"]["scheme"])
     factory = WorkerFactory(model_builder(cfg, data.num_classes, data.in_channels, data.image_size, cls, hp), worker)
     fed = Federation(data.num_clients, data.sizes("train"), worker, cfg["train"], device, int(cfg["seed"]),
-                     data, factory, capacities)
+                     data, factory, capacities, shared)
     return Experiment(cfg, data, fed, cls(fed, hp))
 
 
@@ -197,10 +201,10 @@ def check_model_fits(worker: FlatModel, images: torch.Tensor, num_classes: int, 
                          f"dataset={cfg['dataset']['name']}, which has {num_classes} classes")
 
 
-def base_width(method: type[Method], capacities: torch.Tensor) -> float:
+def base_width(method: type[Method], capacities: torch.Tensor, shared: WidthRule | None = None) -> float:
     """The width the full model is built at: 1 for capacity-aware methods (they narrow it per client), else
-    the widest model the weakest client can run."""
-    return 1.0 if method.capacity_aware else weakest_width(capacities)
+    the widest model the weakest client can run (under the run's ``shared`` width rule, if any)."""
+    return 1.0 if method.capacity_aware else unaware_width(capacities, shared)
 
 
 def model_scaled(cfg: Mapping[str, Any], width: float) -> Mapping[str, Any]:
@@ -211,9 +215,12 @@ def model_scaled(cfg: Mapping[str, Any], width: float) -> Mapping[str, Any]:
 
 
 def client_capacity_table(experiment: Experiment) -> dict[str, Any]:
-    """Every client's capacity and model width (relative to the zoo's full model), for the run records."""
+    """Every client's capacity, model width and cost (the share of the zoo's full model it trains: p^2 for a
+    width, pFedGate's sparsity), and the rule that sized them, for the run records."""
     fed, method = experiment.fed, experiment.method
     base = float(experiment.config["model"].get("width", 1.0))
     return {"setting": (experiment.config.get("capacity") or IDEAL)["setting"],
             "capacity": [round(float(r), 6) for r in fed.capacities],
-            "width": [round(base * method.client_width(c), 6) for c in range(fed.num_clients)]}
+            "width": [round(base * method.client_width(c), 6) for c in range(fed.num_clients)],
+            "cost": [round(base * base * method.client_cost(c), 6) for c in range(fed.num_clients)],
+            "rule": method.capacity_rule()}

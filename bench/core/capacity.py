@@ -15,7 +15,13 @@ Widths (:func:`widths_for`):
   of ``step`` (default p_min), counting down from 1, with p_i^2 <= r_i (FLANC, FedRolex, TailorFL: step 1/16);
 - ``levels``: p_i = 0.5^k with the smallest k such that p_i^2 <= r_i (HeteroFL).
 
-Capacity-unaware methods run the widest model the weakest client can run (:func:`weakest_width`) on every
+Which rule a method uses (:class:`WidthRule`): its own (``capacity.width_rule=method``, the default: HeteroFL and
+FjORD ``levels``, FedRolex and TailorFL multiples of 1/16, FLANC and Pa3dFL multiples of p_min), or one rule
+every method of the run's table shares (``capacity.width_rule=multiple`` / ``levels`` with ``capacity.width_step``;
+Pa3dFL Sec. 6.1: every width-reduction method gets p_i with p_i^2 <= r_i, so that equal capacities give equal
+widths whatever the method).
+
+Capacity-unaware methods run the widest model the weakest client can run (:func:`unaware_width`) on every
 client.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +40,8 @@ SETTINGS = ("ideal", "hetero", "grid")
 #: the setting of a config without a ``capacity`` entry (configs written before capacities existed)
 IDEAL = {"setting": "ideal", "low": 0.01, "high": 1.0}
 RULES = ("multiple", "levels")
+#: ``capacity.width_rule``: "method" = each method's own rule, or one of :data:`RULES` shared by every method
+SHARED_RULES = ("method", *RULES)
 #: the widths a client's model may have (1/32 is the narrowest the zoo's models stay meaningful at)
 PREFERRED_WIDTHS = (1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125)
 
@@ -47,6 +56,14 @@ def check_capacity_config(cfg: Mapping[str, Any]) -> None:
     if low < PREFERRED_WIDTHS[-1] ** 2:
         raise ValueError(f"capacity.low={low} is below {PREFERRED_WIDTHS[-1] ** 2:g}, the capacity of the narrowest "
                          f"width {PREFERRED_WIDTHS[-1]}: raise capacity.low")
+    rule, step = cfg.get("width_rule", "method"), cfg.get("width_step")
+    if rule not in SHARED_RULES:
+        raise ValueError(f"capacity.width_rule={rule!r} is invalid: use one of {list(SHARED_RULES)}")
+    if step is not None and not (isinstance(step, int | float) and 0 < step <= 1):
+        raise ValueError(f"capacity.width_step={step!r} is invalid: use a number in (0, 1] or null (p_min)")
+    if step is not None and rule != "multiple":
+        raise ValueError(f"capacity.width_step={step} applies to capacity.width_rule=multiple only, not "
+                         f"{rule!r}: set capacity.width_step=null")
 
 
 def client_capacities(cfg: Mapping[str, Any] | None, num_clients: int, data_seed: int) -> torch.Tensor:
@@ -84,3 +101,34 @@ def widths_for(capacities: torch.Tensor, rule: str = "multiple", step: float | N
             k -= 1
         out.append(k * step)
     return out
+
+
+@dataclass(frozen=True)
+class WidthRule:
+    """How clients' widths follow from their capacities: :func:`widths_for`'s ``rule`` and ``step``."""
+
+    rule: str  # "multiple" | "levels"
+    step: float | None = None  # "multiple" only: the grid's step; None = p_min
+
+    def widths(self, capacities: torch.Tensor) -> list[float]:
+        """p_i per client."""
+        return widths_for(capacities, self.rule, self.step)
+
+    def label(self) -> str:
+        """The rule in words, for run summaries and table captions."""
+        if self.rule == "levels":
+            return "the largest p in {1, 1/2, 1/4, ...} with p² ≤ r"
+        return f"the largest multiple p of {'p_min' if self.step is None else f'{self.step:g}'} with p² ≤ r"
+
+
+def shared_width_rule(cfg: Mapping[str, Any] | None) -> WidthRule | None:
+    """The width rule every method of a run with ``capacity`` config ``cfg`` follows; None: each its own."""
+    cfg = cfg or IDEAL
+    rule = cfg.get("width_rule", "method")
+    return None if rule == "method" else WidthRule(rule, cfg.get("width_step"))
+
+
+def unaware_width(capacities: torch.Tensor, shared: WidthRule | None = None) -> float:
+    """The width a capacity-unaware method runs on every client: the weakest client's, under the shared rule
+    when there is one (the narrowest of its widths), else :func:`weakest_width`."""
+    return weakest_width(capacities) if shared is None else min(shared.widths(capacities))

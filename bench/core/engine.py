@@ -40,12 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.core.capacity import WidthRule
 from bench.core.data import ClientData, FederatedData
 from bench.core.flat import FlatModel
 from bench.core.records import RunDir
 from bench.core.registry import Registry
 from bench.core.seeding import derive_seed, generator
-from bench.core.summary import eval_record, summarize
+from bench.core.summary import early_stop, eval_record, summarize
 
 METHODS: Registry[type[Method]] = Registry("method")
 
@@ -86,6 +87,8 @@ class Federation:
     workers: WorkerFactory | None = None  # narrower workers on demand (clients of different capacities)
     #: r_i per client (float64 [N]; bench.core.capacity); given as None, it is all ones
     capacities: torch.Tensor = None  # type: ignore[assignment]
+    #: the width rule every capacity-aware method of the run follows (``capacity.width_rule``); None: each its own
+    width_rule: WidthRule | None = None
 
     def __post_init__(self) -> None:
         if self.capacities is None:
@@ -94,6 +97,11 @@ class Federation:
     @property
     def size(self) -> int:
         return self.worker.size
+
+    def client_widths(self, own: WidthRule) -> tuple[WidthRule, list[float]]:
+        """(the rule in force, p_i per client): the run's shared rule if it has one, else the method's ``own``."""
+        rule = self.width_rule or own
+        return rule, rule.widths(self.capacities)
 
     def worker_for(self, width: float = 1.0) -> FlatModel:
         """The worker of ``width`` (a multiplier of every hidden width; 1 = the full model), built once."""
@@ -170,6 +178,19 @@ class Method:
         """The width of client ``cid``'s model relative to the built full model (recorded in the summary; a
         capacity-aware method derives it from ``fed.capacities``). Default: 1."""
         return 1.0
+
+    def client_cost(self, cid: int) -> float:
+        """The share of the built full model client ``cid`` trains, the quantity p^2 <= r_i bounds (recorded in the
+        summary). Default: ``client_width(cid)^2``."""
+        return self.client_width(cid) ** 2
+
+    def capacity_rule(self) -> str:
+        """How this method sized each client's model, in words (recorded in the summary; tables show it). Default:
+        the width rule in ``self.width_rule`` for a capacity-aware method, the weakest client's for the others."""
+        if not self.capacity_aware:
+            return "the weakest client's width on every client (capacity-unaware)"
+        rule = getattr(self, "width_rule", None)
+        return rule.label() if isinstance(rule, WidthRule) else "the method's own"
 
     def client_worker(self, cid: int, stage: str) -> FlatModel:
         """The worker that serves client ``cid`` at ``stage`` ("train", "pre" or "post"); every vector the
@@ -369,6 +390,11 @@ class EngineConfig:
     checkpoint_every_rounds: int
     checkpoint_every_seconds: float
     seed: int
+    #: stop when the validation accuracy of ``stop_stage`` (``stop_weighting``) has not improved for more than this
+    #: many rounds (``eval.early_stop``; bench.core.summary.early_stop); None: run every round
+    early_stop: int | None = None
+    stop_stage: str = "post"
+    stop_weighting: str = "unweighted"
 
     def __post_init__(self) -> None:
         rules = [
@@ -378,6 +404,9 @@ class EngineConfig:
             ("eval.batch_size", self.eval_batch_size, self.eval_batch_size >= 1, ">= 1"),
             ("checkpoint.every_rounds", self.checkpoint_every_rounds, self.checkpoint_every_rounds >= 1, ">= 1"),
         ]
+        if self.early_stop is not None:
+            whole = isinstance(self.early_stop, int) and not isinstance(self.early_stop, bool)
+            rules.append(("eval.early_stop", self.early_stop, whole and self.early_stop >= 1, "null or an int >= 1"))
         for key, value, ok, allowed in rules:
             if not ok:
                 raise ValueError(f"{key}={value!r} is invalid: it must be {allowed}")
@@ -423,16 +452,38 @@ class Engine:
             self.method.load_state_dict(state["method"])
             start = int(state["round"])
         last_save = self.clock()
+        watched = [r for r in self.run_dir.records() if self.stop_watches(r)] if start else []
         for round_ in range(start + 1, self.cfg.rounds + 1):
+            if self.stopped(watched):
+                break  # resumed from the checkpoint of the round it stopped at
             records = self.round(round_)
             self.run_dir.append_records(records)
             for cb in self.callbacks:
                 cb.on_round(round_, records)
-            due = round_ % self.cfg.checkpoint_every_rounds == 0 or round_ == self.cfg.rounds
+            watched += [r for r in records if self.stop_watches(r)]
+            stopping = self.stopped(watched)
+            due = round_ % self.cfg.checkpoint_every_rounds == 0 or round_ == self.cfg.rounds or stopping
             if due or self.clock() - last_save >= self.cfg.checkpoint_every_seconds:
                 self.run_dir.save_checkpoint(round_, self.method.state_dict(), self.config_hash)
                 last_save = self.clock()
+            if stopping:
+                break
         return summarize(self.run_dir.records(), pre_is_post=self.method.pre_is_post)
+
+    def stop_stage(self) -> str:
+        """The stage early stopping watches: the configured one, ``post`` for a method that records only ``post``
+        (``pre_is_post``: its ``post`` results answer ``pre``)."""
+        return "post" if self.method.pre_is_post else self.cfg.stop_stage
+
+    def stop_watches(self, record: Mapping[str, Any]) -> bool:
+        """Whether early stopping reads ``record`` (never without ``eval.early_stop``)."""
+        return (self.cfg.early_stop is not None and record.get("kind") == "eval" and record["split"] == "val"
+                and record["stage"] == self.stop_stage())
+
+    def stopped(self, watched: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether early stopping ends the run after the validation records ``watched``."""
+        return bool(watched) and early_stop(watched, self.cfg.early_stop or 0, self.stop_stage(),
+                                            self.cfg.stop_weighting)["stopped_round"] is not None
 
     def round(self, round_: int, on_client: ClientCallback | None = None,
               evaluate: bool | None = None) -> list[dict[str, Any]]:

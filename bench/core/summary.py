@@ -86,6 +86,25 @@ def summarize(records: Sequence[Mapping[str, Any]], pre_is_post: bool = False) -
     return results
 
 
+def early_stop(records: Sequence[Mapping[str, Any]], patience: int, stage: str, weighting: str) -> dict[str, Any]:
+    """Early stopping on the validation accuracy of ``stage`` (mean over clients or ``weighting``-weighted, as
+    ``best_val`` selects): walking the evaluated rounds in order, the best one so far (a tie keeps the earlier, as
+    ``best_val`` does) and ``stopped_round``, the first evaluated round more than ``patience`` rounds after the best
+    (None: not reached). A pure function of the records, so a resumed run stops where an uninterrupted one does."""
+    key = f"{_KEY[weighting]}_acc"
+    val = sorted((r for r in records if r.get("kind") == "eval" and r["stage"] == stage and r["split"] == "val"),
+                 key=lambda r: r["round"])
+    best_round, best, stopped = None, None, None
+    for r in val:
+        if best is None or r[key] > best:
+            best_round, best = r["round"], r[key]
+        elif r["round"] - best_round > patience:
+            stopped = r["round"]
+            break
+    return {"patience": patience, "stage": stage, "weighting": weighting, "best_round": best_round,
+            "best_val_acc": best, "stopped_round": stopped}
+
+
 def pick(results: Sequence[Mapping[str, Any]], stage: str, selection: str, weighting: str) -> Mapping[str, Any]:
     """The result for one protocol; a clear error if the run has no such result."""
     for r in results:
