@@ -35,7 +35,8 @@ def experiment(tmp_path, *overrides: str):
 
 
 def hyper(**changes) -> Pa3dFLHyper:
-    values = dict(lam=0.1, hn_lr=0.1, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25, rank_scale=1.0,
+    values = dict(lam=0.1, hn_lr=0.1, hn_momentum=0.0, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25,
+                  rank_scale=1.0,
                   width_step=None, tau_init=1.0, embed_std=1.0, init_entropy=0.5, decoder_init="default", hn_clip=50.0,
                   orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
                   fusion_space="dense", ties_to_global=True, decomposition="pa3dfl", basis_ratio=0.25,
