@@ -250,6 +250,28 @@ def test_hypernetwork_update_equals_finite_differences(tmp_path):
     assert (step[names.index("embeddings")].abs().sum(1) > 0).all()  # every client's embedding moves
 
 
+def test_hypernetwork_momentum_adds_the_previous_step(tmp_path):
+    # SGD with momentum m: the first step is plain SGD's, the second is plain SGD's from the same point plus m times
+    # the first (hn_lr 1, no clipping; both runs see the same clients, data and updates in round 2)
+    def phis(momentum: float) -> list[list[torch.Tensor]]:
+        exp = experiment(tmp_path / str(momentum), "method.hn_lr=1.0", "method.hn_clip=1e9",
+                         f"method.hn_momentum={momentum}")
+        net, engine = exp.method.state["hn"]["net"], exp.engine()
+        out = [[p.detach().clone() for p in net.parameters()]]
+        for round_ in (1, 2):
+            engine.round(round_, evaluate=False)
+            out.append([p.detach().clone() for p in net.parameters()])
+        return out
+
+    plain, heavy = phis(0.0), phis(0.9)
+    for p0, p1, p2, m1, m2 in zip(plain[0], plain[1], plain[2], heavy[1], heavy[2], strict=True):
+        torch.testing.assert_close(m1, p1)
+        torch.testing.assert_close(m2 - m1, (p2 - p1) + 0.9 * (m1 - p0), rtol=1e-4, atol=1e-6)
+    assert any(float((m2 - p2).abs().max()) > 1e-4 for m2, p2 in zip(heavy[2], plain[2], strict=True))
+    with pytest.raises(ValueError, match=r"method.hn_momentum=1.0 is invalid"):
+        hyper(hn_momentum=1.0)
+
+
 def test_general_part_is_averaged_uniformly_and_the_global_head_never_moves(tmp_path):
     exp = experiment(tmp_path)
     method, full = exp.method, exp.fed.worker
@@ -345,9 +367,11 @@ def test_pre_is_the_trained_model_with_its_local_head(tmp_path):
 
 
 # --------------------------------------------------------------------------------- end to end, resume
-@pytest.mark.parametrize("decoder_init, width_params", [("default", "nested"), ("model", "local")])
-def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, decoder_init, width_params):
-    options = (*FAST, *HETERO, f"method.decoder_init={decoder_init}", f"method.width_params={width_params}")
+@pytest.mark.parametrize("decoder_init, width_params, momentum", [("default", "nested", 0.0), ("model", "local", 0.9)])
+def test_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, decoder_init, width_params, momentum):
+    # with momentum, the hypernetwork optimizer's buffer must come back from the checkpoint
+    options = (*FAST, *HETERO, f"method.decoder_init={decoder_init}", f"method.width_params={width_params}",
+               f"method.hn_momentum={momentum}")
     summary = execute(config(tmp_path / "short", *options, "rounds=2"))
     assert summary["capacity"]["width"] == [0.25, 0.5, 0.75, 1.0]
     whole, resumed = interrupted_then_resumed(tmp_path, *options)
