@@ -86,7 +86,7 @@ def test_capacity_clusters_are_the_quintiles_of_r():
 def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
     out = fake_table(tmp_path)
     assert figs.hetero_columns(load_spec(figs.SPEC)) == ["CIFAR-10 Hetero", "CIFAR-100 Hetero", "FashionMNIST Hetero"]
-    runs = figs.table_runs(figs.SPEC, "mini", str(out), columns=[COLUMN])
+    runs = figs.table_runs(figs.SPEC, "mini", str(out), columns=[COLUMN], results=str(tmp_path / "results"))
     assert list(runs) == [COLUMN] and list(runs[COLUMN]) == ["FedAvg", "Pa3dFL"]  # the spec's row order
     assert [len(r) for r in runs[COLUMN].values()] == [2, 2]
     paths = figs.fig2("mini", str(out), str(tmp_path / "results"), columns=[COLUMN])
@@ -109,7 +109,8 @@ def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
 
 def test_medium_scale_figures_come_from_the_medium_runs_and_go_to_the_medium_folder(tmp_path):
     out = fake_table(tmp_path, "medium")
-    assert figs.table_runs(figs.SPEC, "mini", str(out)) == {}  # the mini cells are other run directories
+    # the mini cells are other run directories
+    assert figs.table_runs(figs.SPEC, "mini", str(out), results=str(tmp_path / "results")) == {}
     paths = figs.fig2("medium", str(out), str(tmp_path / "results"))
     assert paths[0] == tmp_path / "results" / "pa3dfl" / "medium" / "figures" / "fig2_capacity_accuracy.png"
     rows = read_csv(paths[2])
@@ -152,6 +153,17 @@ def test_command_line_all_skips_missing_runs_and_draws_given_runs(tmp_path):
     rows = read_csv(tmp_path / written[2])
     assert [float(r["mean"]) for r in rows] == pytest.approx([m + 2.0 for m in CLUSTER_MEANS])
     assert {r["method"] for r in rows} == {"pa3dfl"}
+
+
+def test_table_runs_are_the_cells_with_the_values_the_search_chose(tmp_path):
+    out = fake_table(tmp_path)  # runs of the spec as written: Pa3dFL with Table 5's step
+    results = tmp_path / "results"
+    assert list(figs.table_runs(figs.SPEC, "mini", str(out), [COLUMN], results=str(results))[COLUMN]) == [
+        "FedAvg", "Pa3dFL"]
+    chosen = {"row": "Pa3dFL", "column": COLUMN, "chosen": ["method.hn_lr=0.01"], "val_acc": 50.0}
+    atomic_write_json(results / "pa3dfl" / "table1.tuning.json", {"results": [chosen]})
+    # the table ran Pa3dFL with the chosen step: these runs are not its cells
+    assert list(figs.table_runs(figs.SPEC, "mini", str(out), [COLUMN], results=str(results))[COLUMN]) == ["FedAvg"]
 
 
 def test_attention_figure_draws_entropy_and_alpha_from_the_method_records(tmp_path):
