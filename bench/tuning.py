@@ -38,7 +38,7 @@ from bench.cells import run_cells
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text
 from bench.core.summary import pick
 from bench.render import markdown_table
-from bench.spec import expand, label, output_base, scale_block
+from bench.spec import expand, label, output_base, scale_block, scale_columns
 
 
 def grid_points(grid: dict[str, list[Any]] | list[dict[str, Any]]) -> list[list[str]]:
@@ -114,9 +114,10 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
     if not grid:
         return spec
     search = search_spec(spec, grid)
+    columns = scale_columns(spec, scale)  # a scale may run a subset of the columns (scales.<scale>.columns)
     cells = expand(search, scale, tuning["seeds"], out_dir,
                    [*extra, f"partition.val_fraction={tuning['val_fraction']}", "eval.primary.selection=best_val"])
-    print(f"tuning: {len(search['rows'])} grid points x {len(spec['columns'])} columns x {len(tuning['seeds'])} "
+    print(f"tuning: {len(search['rows'])} grid points x {len(columns)} columns x {len(tuning['seeds'])} "
           "seeds", flush=True)
     scores: dict[tuple[str, str], list[float]] = {}
     for cell, path in run_cells(cells, launcher=launcher, spec=search, scale=scale).items():
@@ -130,7 +131,7 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
     tuned = copy.deepcopy(spec)
     report: list[dict[str, Any]] = []
     for row in tuned["rows"]:
-        for column in spec["columns"] if row["name"] in grid else []:
+        for column in columns if row["name"] in grid else []:
             means = []
             for point in grid[row["name"]]:
                 vals = scores[(point_name(row["name"], point), column["name"])]

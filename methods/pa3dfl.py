@@ -40,6 +40,7 @@ CHOICES = {"decoder_init": ("default", "model"), "orth_reduction": ("mean", "sum
 class Pa3dFLHyper:
     lam: float  # lambda of R_orth (App. C.3, Eq. 32)
     hn_lr: float  # eta of the hypernetwork update (Eq. 8)
+    hn_momentum: float  # momentum of the hypernetwork's SGD (0: plain SGD; pFedHN's code: 0.9)
     embed_dim: int  # client embedding size
     hidden_dim: int  # encoder width (the attention's feature size)
     encoder_depth: int  # Linear layers of the encoder
@@ -71,6 +72,8 @@ class Pa3dFLHyper:
         rank = 1.0 if self.rank_width is None else self.rank_width
         if self.fusion_steps < 1 or self.encoder_depth < 1 or not 0 < rank <= 1:
             raise ValueError("method.fusion_steps and method.encoder_depth must be >= 1, method.rank_width in (0, 1]")
+        if not 0 <= self.hn_momentum < 1:
+            raise ValueError(f"method.hn_momentum={self.hn_momentum} is invalid: it must be in [0, 1)")
         if not 0 < self.init_entropy < 1:
             raise ValueError(f"method.init_entropy={self.init_entropy} is invalid: it must be in (0, 1)")
         if self.rank_width is None and not self.federation:
@@ -304,7 +307,8 @@ class Pa3dFL(Method):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(fed.seed, "pa3dfl"))
             net = HyperNet(fed.num_clients, list(sizes.values()), hp).to(fed.device)
-        self.state["hn"] = {"net": net, "opt": torch.optim.SGD(net.parameters(), lr=hp.hn_lr)}
+        self.state["hn"] = {"net": net, "opt": torch.optim.SGD(net.parameters(), lr=hp.hn_lr,
+                                                                         momentum=hp.hn_momentum)}
         self._layouts: dict[float, Layout] = {}
         self.fusion: Fusion | None = None  # set by 'post' evaluation for the client being evaluated
 

@@ -5,6 +5,7 @@ and Fig. 5 from Table 1's partitions (PNG + PDF + CSV under results/pa3dfl/figur
     python scripts/pa3dfl_figures.py fig3 [--scale mini] [--runs runs]
     python scripts/pa3dfl_figures.py fig4                      # no scale, no runs: built layers' parameter counts
     python scripts/pa3dfl_figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
+    python scripts/pa3dfl_figures.py attention [--scale mini]  # Pa3dFL's attention entropy and fusion alpha per round
     python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
     python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
     python scripts/pa3dfl_figures.py fig2 --run RUN_DIR ...    # any run directories, grouped by method
@@ -28,6 +29,14 @@ R2 = R1), not counted by formula. The paper's own formulas (Eqs. 12-15) were los
 Fig. 5 (partitions, App. E): for each Table 1 column of the scale, a clients x classes heat map of the training
 samples (train + validation parts) of seed 0's partition, built from the data when it is present, else from the
 official label counts (``datasets/label_counts.py``), as ``bench.precheck.dry_build`` does.
+
+Attention (no paper figure; Pa3dFL's own records): per round, from the ``kind: method`` records of Table 1's Pa3dFL
+runs, the attention's entropy after the round's hypernetwork step (the mean over generated layers of the per-layer
+``attention_entropy``, itself the mean over clients, in nats) as a fraction of ln N (1: uniform attention, every client
+receives the same personal part; 0: each client attends to one client only), and the fusion alpha of Alg. 1 each
+client picked on its validation data at an evaluation (``fusion_alpha`` at ``fusion_round``: the engine evaluates after
+a round's method record, so an evaluation's alpha is in the next round's record and the final evaluation's in none),
+as the mean over the clients; both as the mean over seeds with a band of +- one std.
 
 Only finished runs (``summary.json`` complete) are drawn. Beside each figure a CSV holds the plotted numbers.
 """
@@ -77,14 +86,16 @@ def hetero_columns(spec: Mapping[str, Any]) -> list[str]:
 
 
 def table_runs(spec_path: str | Path, scale: str, out_dir: str = "runs", columns: Sequence[str] | None = None,
-               rows: Sequence[str] | None = None) -> dict[str, dict[str, list[Path]]]:
-    """column -> row -> finished run directories (one per seed, seed order) of a table spec; the Hetero columns
-    unless ``columns`` is given. A row whose method folder does not exist is skipped without composing its cells'
-    configs (composing one takes a noticeable fraction of a second)."""
+               rows: Sequence[str] | None = None, results: str | Path = "results") -> dict[str, dict[str, list[Path]]]:
+    """column -> row -> finished run directories (one per seed, seed order) of a table spec, with the values its
+    search chose (``<results>/.../<table>.tuning.json``) as the table ran them; the Hetero columns unless ``columns``
+    is given. A row whose method folder does not exist is skipped without composing its cells' configs (composing one
+    takes a noticeable fraction of a second)."""
     from bench.run import run_dir_for
     from bench.spec import cell_config
+    from bench.tuning import with_tuned
 
-    spec = load_spec(spec_path)
+    spec = with_tuned(load_spec(spec_path), scale, results)
     wanted = list(columns) if columns is not None else hetero_columns(spec)
     found: dict[str, dict[str, list[Path]]] = {}
     exp_dir = Path(out_dir) / spec["paper"] / label(spec) / scale
@@ -305,6 +316,85 @@ def draw_fig3(data: Sequence[Mapping[str, Any]], path: Path, scale: str, stage: 
         axes[0][0].set_ylabel(f"mean client test accuracy (%), {stage}")
         legend(fig, axes[0])
         fig.suptitle("Learning curves (mean +- std over seeds)")
+        return save(fig, path)
+
+
+# ------------------------------------------------------------------- Pa3dFL's attention entropy and fusion alpha
+def attention_series(run: Path) -> dict[str, dict[int, float]]:
+    """One run's per-round series: ``entropy`` (round -> mean over generated layers of the attention entropy / ln N)
+    and ``alpha`` (evaluated round -> mean over clients of the fusion alpha they picked); empty without records."""
+    entropy: dict[int, float] = {}
+    alpha: dict[int, float] = {}
+    for rec in read_jsonl(Path(run) / "rounds.jsonl"):
+        if rec.get("kind") != "method":
+            continue
+        if rec.get("attention_entropy"):
+            if not entropy:
+                uniform = math.log(int(json.loads((Path(run) / "summary.json").read_text())["num_clients"]))
+            entropy[rec["round"]] = statistics.fmean(rec["attention_entropy"]) / uniform
+        alphas = [a for a in rec.get("fusion_alpha") or [] if a is not None]
+        if alphas:
+            alpha[rec["fusion_round"]] = statistics.fmean(alphas)
+    return {"entropy": entropy, "alpha": alpha}
+
+
+def attention_data(panels: Mapping[str, Mapping[str, Sequence[Path]]]) -> list[dict[str, Any]]:
+    """One row per (column, method, quantity, round): mean and std over seeds of :func:`attention_series`."""
+    out = []
+    for column, rows in panels.items():
+        for row, runs in rows.items():
+            series = [attention_series(run) for run in runs]
+            for quantity in ("entropy", "alpha"):
+                rounds = sorted({t for s in series for t in s[quantity]})
+                for t in rounds:
+                    mean, std = mean_std([s[quantity][t] for s in series if t in s[quantity]])
+                    out.append({"column": column, "method": row, "quantity": quantity, "round": t, "mean": mean,
+                                "std": std, "seeds": sum(t in s[quantity] for s in series)})
+    return out
+
+
+ATTENTION_CAPTION = ("Pa3dFL's hypernetwork per round (Table 1's Pa3dFL runs, {where}; mean +- std over seeds). Top: "
+                     "the attention's entropy after the round's hypernetwork step, mean over clients and generated "
+                     "layers, over ln N (1: uniform attention, every client gets the same personal part; 0: each "
+                     "client attends to one client; it starts at method.init_entropy). Bottom: the fusion alpha of "
+                     "Alg. 1 picked on each client's validation data at each evaluation, mean over clients (1: the "
+                     "received model with the global head; 0: the client's last trained model with its local head). "
+                     "The final evaluation's alpha is not recorded (the engine evaluates after the method's record).")
+#: what ATTENTION_CAPTION says about the scale of the runs
+ATTENTION_NOTES = {"mini": "mini stand-in", "medium": "medium: real data, fewer rounds", "paper": "paper scale"}
+
+
+def draw_attention(data: Sequence[Mapping[str, Any]], path: Path, scale: str) -> list[Path]:
+    columns = list(dict.fromkeys(d["column"] for d in data))
+    methods = list(dict.fromkeys(d["method"] for d in data))
+    style = styles(methods, None)
+    labels = {"entropy": "attention entropy / ln N", "alpha": "fusion alpha (mean over clients)"}
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(2, len(columns), figsize=(4.2 * len(columns) + 1.6, 5.6), layout="constrained",
+                                 squeeze=False, sharex="col")
+        for j, column in enumerate(columns):
+            for i, quantity in enumerate(("entropy", "alpha")):
+                ax = axes[i][j]
+                for method in methods:
+                    pts = [d for d in data if (d["column"], d["method"], d["quantity"]) == (column, method, quantity)]
+                    if not pts:
+                        continue
+                    x, mean = [d["round"] for d in pts], [d["mean"] for d in pts]
+                    ax.plot(x, mean, marker="o", ms=2.5, label=method, **style[method])
+                    ax.fill_between(x, [m - d["std"] for m, d in zip(mean, pts, strict=True)],
+                                    [m + d["std"] for m, d in zip(mean, pts, strict=True)],
+                                    color=style[method]["color"], alpha=0.15, lw=0)
+                ax.set_ylim(-0.05, 1.05)
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                if j == 0:
+                    ax.set_ylabel(labels[quantity])
+            axes[0][j].set_title(panel_title(column, scale))
+            axes[1][j].set_xlabel("round")
+        if len(methods) > 1:
+            legend(fig, axes[0])
+        fig.suptitle("Pa3dFL: attention entropy and fusion alpha per round")
+        fig.text(0.0, -0.01, ATTENTION_CAPTION.format(where=ATTENTION_NOTES[scale]), fontsize=7.5, va="top",
+                 wrap=True)
         return save(fig, path)
 
 
@@ -565,15 +655,15 @@ def draw_fig5(data: Sequence[Mapping[str, Any]], path: Path, scale: str, seed: i
 
 # ---------------------------------------------------------------------------------------------------- figures
 def panels_for(scale: str, out_dir: str, runs: Sequence[Path] | None, columns: Sequence[str] | None,
-               rows: Sequence[str] | None) -> dict[str, dict[str, list[Path]]]:
-    return given_runs(runs) if runs else table_runs(SPEC, scale, out_dir, columns, rows)
+               rows: Sequence[str] | None, results: str = "results") -> dict[str, dict[str, list[Path]]]:
+    return given_runs(runs) if runs else table_runs(SPEC, scale, out_dir, columns, rows, results)
 
 
 def fig2(scale: str = "mini", out_dir: str = "runs", results: str = "results", runs: Sequence[Path] | None = None,
          columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
     """Capacity-specific accuracy (module docstring); [] with a message when no finished runs exist."""
     spec = load_spec(SPEC)
-    panels = panels_for(scale, out_dir, runs, columns, rows)
+    panels = panels_for(scale, out_dir, runs, columns, rows, results)
     if not panels:
         print(f"skipped fig2: no finished Hetero runs of Table 1 under {out_dir} "
               f"(make pa3dfl-table1 SCALE={scale})")
@@ -587,7 +677,7 @@ def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
          columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
     """Learning curves (module docstring); [] with a message when no finished runs exist."""
     spec = load_spec(SPEC)
-    panels = panels_for(scale, out_dir, runs, columns, rows)
+    panels = panels_for(scale, out_dir, runs, columns, rows, results)
     if not panels:
         print(f"skipped fig3: no finished Hetero runs of Table 1 under {out_dir} "
               f"(make pa3dfl-table1 SCALE={scale})")
@@ -596,6 +686,20 @@ def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
     data = fig3_data(panels, stage)
     base = output_base("pa3dfl", "figures", scale, results) / ("fig3_learning_curves" + ("_runs" if runs else ""))
     return [*draw_fig3(data, base, scale, stage, spec.get("compare")), write_csv(data, base)]
+
+
+def attention(scale: str = "mini", out_dir: str = "runs", results: str = "results", runs: Sequence[Path] | None = None,
+              columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
+    """Pa3dFL's attention entropy and fusion alpha per round (module docstring), from Table 1's Pa3dFL row (or the
+    given runs); [] with a message when no finished run has the records."""
+    panels = panels_for(scale, out_dir, runs, columns, rows or (None if runs else ["Pa3dFL"]), results)
+    data = attention_data(panels)
+    if not data:
+        print(f"skipped attention: no finished Pa3dFL runs of Table 1 with attention records under {out_dir} "
+              f"(make pa3dfl-table1 SCALE={scale})")
+        return []
+    base = output_base("pa3dfl", "figures", scale, results) / ("attention_alpha" + ("_runs" if runs else ""))
+    return [*draw_attention(data, base, scale), write_csv(data, base)]
 
 
 def fig4(results: str = "results") -> list[Path]:
@@ -615,7 +719,7 @@ def fig5(scale: str = "mini", results: str = "results", seed: int = 0,
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["fig2", "fig3", "fig4", "fig5", "all"])
+    parser.add_argument("figure", choices=["fig2", "fig3", "fig4", "fig5", "attention", "all"])
     parser.add_argument("--scale", default="mini", choices=list(SCALE_NOTES))
     parser.add_argument("--runs", default="runs", help="the runs folder of the table (default: %(default)s)")
     parser.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
@@ -630,6 +734,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths += fig2(**kw)
     if args.figure in ("fig3", "all"):
         paths += fig3(**kw)
+    if args.figure in ("attention", "all"):
+        paths += attention(**kw)
     given = args.figure == "all" and args.run  # figures of given runs: Figs. 4-5 do not come from runs
     if args.figure == "fig4" or (args.figure == "all" and not given):
         paths += fig4(args.results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_capacity_clusters_are_the_quintiles_of_r():
 def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
     out = fake_table(tmp_path)
     assert figs.hetero_columns(load_spec(figs.SPEC)) == ["CIFAR-10 Hetero", "CIFAR-100 Hetero", "FashionMNIST Hetero"]
-    runs = figs.table_runs(figs.SPEC, "mini", str(out), columns=[COLUMN])
+    runs = figs.table_runs(figs.SPEC, "mini", str(out), columns=[COLUMN], results=str(tmp_path / "results"))
     assert list(runs) == [COLUMN] and list(runs[COLUMN]) == ["FedAvg", "Pa3dFL"]  # the spec's row order
     assert [len(r) for r in runs[COLUMN].values()] == [2, 2]
     paths = figs.fig2("mini", str(out), str(tmp_path / "results"), columns=[COLUMN])
@@ -108,7 +109,8 @@ def test_fig2_cluster_means_at_the_best_validation_round_by_hand(tmp_path):
 
 def test_medium_scale_figures_come_from_the_medium_runs_and_go_to_the_medium_folder(tmp_path):
     out = fake_table(tmp_path, "medium")
-    assert figs.table_runs(figs.SPEC, "mini", str(out)) == {}  # the mini cells are other run directories
+    # the mini cells are other run directories
+    assert figs.table_runs(figs.SPEC, "mini", str(out), results=str(tmp_path / "results")) == {}
     paths = figs.fig2("medium", str(out), str(tmp_path / "results"))
     assert paths[0] == tmp_path / "results" / "pa3dfl" / "medium" / "figures" / "fig2_capacity_accuracy.png"
     rows = read_csv(paths[2])
@@ -143,13 +145,48 @@ def test_command_line_all_skips_missing_runs_and_draws_given_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "all", "--run", *map(str, runs)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    written = proc.stdout.split()
+    assert "skipped attention" in proc.stdout  # these runs have no method records
+    written = [word for word in proc.stdout.split() if word.startswith("results/")]
     assert written == [f"results/pa3dfl/figures/{name}_runs{ext}" for name in
                        ("fig2_capacity_accuracy", "fig3_learning_curves") for ext in (".png", ".pdf", ".csv")]
     assert all((tmp_path / p).stat().st_size > 0 for p in written)
     rows = read_csv(tmp_path / written[2])
     assert [float(r["mean"]) for r in rows] == pytest.approx([m + 2.0 for m in CLUSTER_MEANS])
     assert {r["method"] for r in rows} == {"pa3dfl"}
+
+
+def test_table_runs_are_the_cells_with_the_values_the_search_chose(tmp_path):
+    out = fake_table(tmp_path)  # runs of the spec as written: Pa3dFL with Table 5's step
+    results = tmp_path / "results"
+    assert list(figs.table_runs(figs.SPEC, "mini", str(out), [COLUMN], results=str(results))[COLUMN]) == [
+        "FedAvg", "Pa3dFL"]
+    chosen = {"row": "Pa3dFL", "column": COLUMN, "chosen": ["method.hn_lr=0.01"], "val_acc": 50.0}
+    atomic_write_json(results / "pa3dfl" / "table1.tuning.json", {"results": [chosen]})
+    # the table ran Pa3dFL with the chosen step: these runs are not its cells
+    assert list(figs.table_runs(figs.SPEC, "mini", str(out), [COLUMN], results=str(results))[COLUMN]) == ["FedAvg"]
+
+
+def test_attention_figure_draws_entropy_and_alpha_from_the_method_records(tmp_path):
+    out = fake_table(tmp_path)
+    runs = figs.table_runs(figs.SPEC, "mini", str(out), [COLUMN], ["Pa3dFL"], str(tmp_path / "results"))
+    uniform, n = math.log(len(CAPS)), len(CAPS)
+    for seed, run in enumerate(runs[COLUMN]["Pa3dFL"]):  # seeds 0 and 1
+        summary = json.loads(RunDir(run).summary.read_text())
+        atomic_write_json(RunDir(run).summary, {**summary, "num_clients": n})
+        RunDir(run).append_records([  # two generated layers; round 4's evaluation's alphas arrive in round 5's record
+            {"kind": "method", "round": 4, "tau": [1.0, 1.0], "attention_entropy": [0.5 * uniform, 0.7 * uniform]},
+            {"kind": "method", "round": 5, "tau": [1.0, 1.0], "attention_entropy": [(0.2 + 0.2 * seed) * uniform] * 2,
+             "fusion_round": 4, "fusion_alpha": [0.5 + 0.1 * seed] * (n - 1) + [None]},
+        ])
+    paths = figs.attention("mini", str(out), str(tmp_path / "results"), columns=[COLUMN])
+    assert [p.name for p in paths] == [f"attention_alpha{ext}" for ext in (".png", ".pdf", ".csv")]
+    assert all(p.stat().st_size > 0 for p in paths)
+    rows = read_csv(paths[2])
+    assert {r["method"] for r in rows} == {"Pa3dFL"}  # FedAvg's runs have no hypernetwork
+    got = [(r["quantity"], int(r["round"]), int(r["seeds"])) for r in rows]
+    assert got == [("entropy", 4, 2), ("entropy", 5, 2), ("alpha", 4, 2)]
+    assert [float(r["mean"]) for r in rows] == pytest.approx([0.6, 0.3, 0.55])  # by hand, mean over seeds
+    assert [float(r["std"]) for r in rows] == pytest.approx([0.0, math.sqrt(0.02), math.sqrt(0.005)])
 
 
 # ------------------------------------------------------------------------------------------ Fig. 4: model size

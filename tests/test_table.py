@@ -177,6 +177,21 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
              load_launcher("inline"))
 
 
+def test_tuning_searches_and_chooses_only_the_columns_of_its_scale(tmp_path):
+    # a scale running a subset of the columns (scales.medium.columns: [A]) used to fail with a KeyError on the
+    # columns it does not run
+    import bench.tuning
+    from bench.launch import load_launcher
+
+    text = MEDIUM + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    tuned = bench.tuning.tune(load_spec(spec_file(tmp_path, text)), "medium", load_launcher("inline"),
+                              str(tmp_path / "runs"), (), tmp_path / "results")
+    separate = next(r for r in tuned["rows"] if r["name"] == "Separate")
+    assert list(separate["tuned"]) == ["A"]
+    report = json.loads((tmp_path / "results" / "fedcac" / "medium" / "table1.tuning.json").read_text())
+    assert {r["column"] for r in report["results"]} == {"A"} and len(report["results"]) == 3  # 2 points + choice
+
+
 def test_spec_include_list_merges_in_order_and_names_a_missing_file(tmp_path):
     (tmp_path / "_setup.yaml").write_text("seeds: [0, 1, 2]\nscales: {mini: {seeds: [0], base: [rounds=1]}}\n")
     (tmp_path / "_standin.yaml").write_text("scales: {mini: {seeds: [5, 6], base: [rounds=3]}}\n")

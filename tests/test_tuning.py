@@ -17,6 +17,7 @@ from bench.tuning import grid_points, point_name, score_selection, search_spec, 
 from methods.lgfedavg import local_layers_mask
 
 FEDSELECT = Path(__file__).resolve().parent.parent / "conf" / "paper" / "fedselect" / "table1.yaml"
+PA3DFL = Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / "table1.yaml"
 
 
 def search_cells(spec: dict[str, Any], scale: str) -> list[Cell]:
@@ -51,6 +52,23 @@ def test_fedselect_grid_points_compose_validate_and_fit_the_model(scale):
                                                  image_size=28 if scale == "mini" else 32, **options))
         assert local_layers_mask(models[name], cfg["method"]["global_layers"]).any()
     assert set(models) == {"small_cnn" if scale == "mini" else "resnet18"}
+
+
+@pytest.mark.parametrize(("scale", "steps"), [("mini", {0.001, 0.01, 0.1, 1.0}), ("paper", None)])
+def test_pa3dfl_hypernetwork_grid_composes_on_the_scales_columns_and_overrides_table_5(scale, steps):
+    spec = load_spec(PA3DFL)
+    cells = search_cells(spec, scale)
+    columns = spec["scales"]["mini"]["columns"] if scale == "mini" else [c["name"] for c in spec["columns"]]
+    assert {c.column for c in cells} == set(columns) and {c.row.split(" [")[0] for c in cells} == {"Pa3dFL"}
+    seen = set()
+    for cell in cells:
+        method = cell_config(cell)["method"]
+        validate(cell_config(cell), check_device=False)
+        seen.add((method["hn_lr"], method["hn_momentum"]))
+    if steps is None:  # paper scale: Table 5's step per column is kept, only the momentum is searched
+        assert {m for _, m in seen} == {0.0, 0.9} and {lr for lr, _ in seen} == {0.001, 1.0, 0.1}
+    else:
+        assert seen == {(lr, m) for lr in steps for m in (0.0, 0.9)}
 
 
 def test_the_scale_rows_reach_the_grid_points_and_the_point_comes_last():
