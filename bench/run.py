@@ -26,6 +26,7 @@ from bench.compose import to_container
 from bench.core.builder import (
     Experiment,
     build_experiment,
+    check_batched_config,
     client_capacity_table,
     engine_config,
     import_plugins,
@@ -52,7 +53,8 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
 #: config keys (dotted for a key inside a section) added after runs existed, left out of a run's identity while
 #: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
 NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
-                "train.norm_mode": lambda value: value == "train"}
+                "train.norm_mode": lambda value: value == "train",
+                "train.batched_clients": lambda value: value is False}
 
 
 def _drop_neutral(semantic: dict[str, Any]) -> None:
@@ -93,7 +95,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     check_config(cfg)
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
     check_hyperparameter_types(METHODS.get(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
-    method_class(cfg)
+    check_batched_config(cfg, method_class(cfg)[0])
     MODELS.get(cfg["model"]["name"])
     for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:
         SOURCES.get(source)
