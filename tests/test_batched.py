@@ -120,6 +120,13 @@ def test_unsupported_methods_refuse(tmp_path: Path, method: str) -> None:
         validate(cfg)
 
 
+def test_the_key_is_a_boolean(tmp_path: Path) -> None:
+    cfg = to_container(config(tmp_path, "train.batched_clients=yes"))
+    with pytest.raises(ConfigError, match="train.batched_clients='yes' is invalid: it must be true or false"), \
+            config_phase():
+        validate(cfg)
+
+
 def test_adam_refuses(tmp_path: Path) -> None:
     cfg = to_container(config(tmp_path, "train.optimizer=adam", "train.batched_clients=true"))
     with pytest.raises(ConfigError, match="needs train.optimizer=sgd"), config_phase():
