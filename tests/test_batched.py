@@ -140,3 +140,28 @@ def test_run_identity(tmp_path: Path) -> None:
     before = {**off, "train": {k: v for k, v in off["train"].items() if k != "batched_clients"}}
     assert config_hash(off) == config_hash(before)
     assert config_hash(on) != config_hash(off)
+
+
+def test_stacked_sgd_of_scattered_parameters_equals_local_sgd(tmp_path: Path, digits: FederatedData) -> None:
+    """Training a subset of parameters that is not one block of the flat layout (every weight, no bias)."""
+    cfg = to_container(config(tmp_path, *BASE))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        experiment = build_experiment(cfg, data=dataclasses.replace(digits, images=digits.images.double()))
+        method, worker, engine = experiment.method, experiment.fed.worker, experiment.engine()
+        start = worker.read()
+        weights = [p for n, p in worker.module.named_parameters() if n.endswith("weight")]
+        sequential = []
+        for cid in (0, 3):
+            worker.load(start)
+            method.local_sgd(engine.task(cid, 1, start, 0.05), worker, params=weights)
+            sequential.append(worker.read())
+        models = torch.stack([start, start])
+        method.stacked_sgd([engine.task(cid, 1, models[k].clone(), 0.05) for k, cid in enumerate((0, 3))], models,
+                           worker, params=weights)
+    finally:
+        torch.set_default_dtype(default)
+    torch.testing.assert_close(models, torch.stack(sequential), atol=1e-10, rtol=0)
+    biases = worker.mask(lambda e: e.kind == "param" and not e.name.endswith("weight"))
+    assert torch.equal(models[:, biases], start[biases].expand(2, -1))

@@ -79,12 +79,12 @@ def _client_stream(task: ClientTask, epochs: int, cfg: Mapping[str, Any]
         yield from task.data.batches("train", cfg["batch_size"], task.generator, drop_last=cfg.get("drop_last", False))
 
 
-def _positions(entries: Sequence[Any]) -> slice | torch.Tensor:
-    """The flat positions of ``entries``: a slice when they are contiguous, else an index tensor."""
+def _positions(entries: Sequence[Any], device: torch.device) -> slice | torch.Tensor:
+    """The flat positions of ``entries``: a slice when they are contiguous, else an index tensor on ``device``."""
     spans = sorted((e.offset, e.offset + e.numel) for e in entries)
     if all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)):
         return slice(spans[0][0], spans[-1][1])
-    return torch.cat([torch.arange(a, b) for a, b in spans])
+    return torch.cat([torch.arange(a, b, device=device) for a, b in spans])
 
 
 class StackedSGD:
@@ -100,8 +100,7 @@ class StackedSGD:
         self.fixed = [e for e in params if chosen is not None and e.name not in chosen]
         self.buffers = [e for e in worker.entries if e.kind == "buffer"]
         self.counters = [(n, b) for n, b in worker.module.named_buffers() if not b.is_floating_point()]
-        self.where = _positions(self.trained) if self.trained else slice(0, 0)
-        self.sizes = [e.numel for e in self.trained]
+        self.where = _positions(self.trained, worker.vector.device) if self.trained else slice(0, 0)
         module = worker.module
 
         def loss(trained: dict[str, torch.Tensor], rest: dict[str, torch.Tensor], x: torch.Tensor,
