@@ -193,7 +193,11 @@ def report(out: Path) -> None:
         from scripts.batched_clients import markdown
 
         lines += [markdown(b).rstrip(), "", f"Rounds (s): sequential {b[0]['sequential_rounds_s']}, batched "
-                  f"{b[0]['batched_rounds_s']}; peak GPU MiB {b[0].get('peak_gpu_mib', '')}"]
+                  f"{b[0]['batched_rounds_s']}; peak GPU MiB {b[0].get('peak_gpu_mib', '')}.", "",
+                  "The last column is no equality check here: FedCAC's top-k critical masks and lr 0.1 with momentum "
+                  "0.9 can turn last-bit differences (other summation orders) into large ones within a few rounds, as "
+                  "they do between two thread counts; the paths' equality is tested in float64 "
+                  "(tests/test_batched.py)."]
     else:
         lines.append("not run or failed (see the log)")
     lines += ["", "## (c) runs per GPU: copies of one run (FedAvg, ResNet-8, 20 clients, 6 rounds) at once", ""]
