@@ -26,6 +26,7 @@ from bench.compose import to_container
 from bench.core.builder import (
     Experiment,
     build_experiment,
+    check_batched_config,
     client_capacity_table,
     engine_config,
     import_plugins,
@@ -53,6 +54,7 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
 #: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
 NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
                 "train.norm_mode": lambda value: value == "train", "eval.early_stop": lambda value: value is None,
+                "train.batched_clients": lambda value: value is False,
                 **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
                    for key, neutral in (("width_rule", lambda value: value == "method"),
                                         ("width_step", lambda value: value is None))}}
@@ -96,7 +98,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     check_config(cfg)
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
     check_hyperparameter_types(METHODS.get(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
-    method_class(cfg)
+    check_batched_config(cfg, method_class(cfg)[0])
     MODELS.get(cfg["model"]["name"])
     for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:
         SOURCES.get(source)

@@ -9,10 +9,12 @@ Both 'pre' and 'post' evaluate the personal model v_k (the server never changes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from bench.core.batched import StackedBatch
 from bench.core.engine import METHODS, ClientRound
 from bench.core.flat import FlatModel
 from methods.fedavg import FedAvg
@@ -27,7 +29,9 @@ class DittoHyper:
 @METHODS.register("ditto")
 class Ditto(FedAvg):
     Hyper = DittoHyper
+    trains_batched = True
     _anchor: torch.Tensor | None = None  # w^t while the personal model trains
+    _pulling = False  # the batched personal phase: the gradient is pulled towards each client's start w^t
 
     def setup(self, init: torch.Tensor) -> None:
         super().setup(init)
@@ -43,6 +47,21 @@ class Ditto(FedAvg):
         self.state["personal"][task.cid] = model.vector
         model.load(task.start)
         return self.local_sgd(task, model)  # the worker ends with w_k, which upload() averages
+
+    def train_clients(self, tasks: Sequence[ClientRound], models: torch.Tensor, worker: FlatModel) -> list[float]:
+        cids = [t.cid for t in tasks]
+        personal = self.state["personal"][cids]
+        self._pulling = True
+        try:
+            self.stacked_sgd(tasks, personal, worker, epochs=self.hp.personal_epochs)
+        finally:
+            self._pulling = False
+        self.state["personal"][cids] = personal
+        return self.stacked_sgd(tasks, models, worker)
+
+    def before_step_batched(self, batch: StackedBatch) -> None:
+        if self._pulling:
+            batch.pull_towards(batch.starts, self.hp.lam)
 
     def before_step(self, task: ClientRound, model: FlatModel) -> None:
         if self._anchor is not None:

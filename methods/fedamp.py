@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.core.batched import StackedBatch
 from bench.core.engine import METHODS, ClientRound, Method
 from bench.core.flat import FlatModel
 
@@ -46,6 +47,7 @@ def attention_weights(models: torch.Tensor, alpha_k: float, sigma: float) -> tor
 @METHODS.register("fedamp")
 class FedAMP(Method):
     Hyper = FedAMPHyper
+    trains_batched = True
 
     def setup(self, init: torch.Tensor) -> None:
         self.state["models"] = init.repeat(self.fed.num_clients, 1)  # w_i
@@ -62,6 +64,10 @@ class FedAMP(Method):
         for param, where in model.param_views():
             if param.grad is not None:
                 param.grad.add_(param.detach() - cloud[where].view_as(param), alpha=coef)
+
+    def before_step_batched(self, batch: StackedBatch) -> None:
+        clouds = self.state["clouds"][[t.cid for t in batch.tasks]]
+        batch.pull_towards(clouds[:, batch.where], self.hp.lam / self.hp.alpha_k)
 
     def upload(self, task: ClientRound, model: FlatModel) -> None:
         self.state["models"][task.cid] = model.vector

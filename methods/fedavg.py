@@ -18,6 +18,7 @@ from bench.core.flat import FlatModel
 
 @METHODS.register("fedavg")
 class FedAvg(Method):
+    trains_batched = True
     def setup(self, init: torch.Tensor) -> None:
         self.state["global"] = init
 

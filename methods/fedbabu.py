@@ -8,6 +8,7 @@ the round's lr; 0 epochs evaluates the global model itself. 'pre' is the locally
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +37,13 @@ def named_params(model: FlatModel, part: str) -> list[torch.nn.Parameter]:
 class FedBABU(FedAvg):
     Hyper = FedBABUHyper
     post_finetune = "finetune_epochs"
+    trains_batched = True
 
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         return self.local_sgd(task, model, params=named_params(model, "body"))
+
+    def train_clients(self, tasks: Sequence[ClientRound], models: torch.Tensor, worker: FlatModel) -> list[float]:
+        return self.stacked_sgd(tasks, models, worker, params=named_params(worker, "body"))
 
     def eval_model(self, cid: int, stage: str, model: FlatModel, round_: int, lr: float) -> torch.Tensor:
         if stage == "pre":

@@ -20,5 +20,6 @@ def norm_mask(model: FlatModel) -> torch.Tensor:
 
 @METHODS.register("fedbn")
 class FedBN(PartialPersonalization):
+    trains_batched = True
     def personal_mask(self, model: FlatModel) -> torch.Tensor:
         return norm_mask(model)

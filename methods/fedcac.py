@@ -116,6 +116,7 @@ def collaborators(overlap: torch.Tensor, round_: int, hp: FedCACHyper) -> tuple[
 @METHODS.register("fedcac")
 class FedCAC(Method):
     Hyper = FedCACHyper
+    trains_batched = True
 
     def setup(self, init: torch.Tensor) -> None:
         self.state["models"] = init.repeat(self.fed.num_clients, 1)

@@ -15,5 +15,6 @@ from methods._partial import PartialPersonalization, head_mask
 
 @METHODS.register("fedper")
 class FedPer(PartialPersonalization):
+    trains_batched = True
     def personal_mask(self, model: FlatModel) -> torch.Tensor:
         return head_mask(model)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench.core.batched import StackedBatch
 from bench.core.engine import METHODS, ClientRound
 from bench.core.flat import FlatModel
 from methods.fedavg import FedAvg
@@ -21,8 +22,12 @@ class FedProxHyper:
 @METHODS.register("fedprox")
 class FedProx(FedAvg):
     Hyper = FedProxHyper
+    trains_batched = True
 
     def before_step(self, task: ClientRound, model: FlatModel) -> None:
         for param, where in model.param_views():
             if param.grad is not None:
                 param.grad.add_(param.detach() - task.start[where].view_as(param), alpha=self.hp.mu)
+
+    def before_step_batched(self, batch: StackedBatch) -> None:
+        batch.pull_towards(batch.starts, self.hp.mu)

@@ -52,6 +52,7 @@ def local_layers_mask(model: FlatModel, global_layers: int) -> torch.Tensor:
 
 @METHODS.register("lgfedavg")
 class LGFedAvg(PartialPersonalization):
+    trains_batched = True
     Hyper = LGFedAvgHyper
 
     def personal_mask(self, model: FlatModel) -> torch.Tensor:

@@ -18,6 +18,7 @@ from bench.core.flat import FlatModel
 class Local(Method):
     eval_stages = ("post",)
     pre_is_post = True
+    trains_batched = True
 
     def setup(self, init: torch.Tensor) -> None:
         self.state["models"] = init.repeat(self.fed.num_clients, 1)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import methods  # noqa: F401  (registers every method)
+from bench.core.batched import declares_batched
 from bench.core.capacity import IDEAL, WidthRule, client_capacities, shared_width_rule, unaware_width
 from bench.core.data import FederatedData, build_federated_data, load_sources
 from bench.core.engine import (
@@ -48,6 +49,27 @@ def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
         stop_stage=cfg["eval"]["primary"]["stage"],
         stop_weighting=cfg["eval"]["primary"]["weighting"],
     )
+
+
+def batched_methods() -> list[str]:
+    """The registered methods that can train their clients together (``train.batched_clients``)."""
+    return sorted(name for name in METHODS.names() if declares_batched(METHODS.get(name)))
+
+
+def check_batched_config(cfg: Mapping[str, Any], method_cls: type[Method]) -> None:
+    """Refuse ``train.batched_clients=true`` for a method or setting the batched path does not cover."""
+    if not cfg["train"].get("batched_clients", False):
+        return
+    name = cfg["method"]["name"]
+    if not declares_batched(method_cls):
+        raise ValueError(f"train.batched_clients=true is not supported by method={name}: its local update is not a "
+                         f"plain SGD step on a loss; use train.batched_clients=false, or one of {batched_methods()}")
+    if cfg["train"]["optimizer"] != "sgd":
+        raise ValueError(f"train.batched_clients=true needs train.optimizer=sgd (got {cfg['train']['optimizer']!r}); "
+                         "use train.batched_clients=false")
+    if cfg.get("compile"):
+        raise ValueError("train.batched_clients=true cannot be combined with compile=true; choose one")
+
 
 def import_plugins(cfg: Mapping[str, Any]) -> None:
     """Import the config's ``imports`` (modules that register your own methods, models or data sources)."""
@@ -126,6 +148,7 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
     device = torch.device(device)
     import_plugins(cfg)
     cls, hp = method_class(cfg)
+    check_batched_config(cfg, cls)
     capacities = client_capacities(cfg.get("capacity"), int(cfg["num_clients"]), int(cfg["data_seed"]))
     shared = shared_width_rule(cfg.get("capacity"))
     cfg = model_scaled(cfg, base_width(cls, capacities, shared))

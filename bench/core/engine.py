@@ -13,8 +13,11 @@ hook               called
 ``client_worker``  per client and stage (train, pre, post): which worker (width) serves it (default: full)
 ``client_model``   per participant: the flat model the client starts local training from
 ``train_client``   per participant: local training on its worker (default: :meth:`local_sgd`)
+``train_clients``  with ``train.batched_clients``: the participants of one worker trained together (default:
+                   :meth:`stacked_sgd`; only methods that declare ``trains_batched``, bench.core.batched)
 ``loss``           per batch inside :meth:`local_sgd` (default: cross-entropy)
 ``before_step``    per batch after ``backward``, before the optimizer step (gradient edits)
+``before_step_batched``  the same edits on a batched step's stacked gradients (``train.batched_clients``)
 ``upload``         per participant after training: the server receives what it needs
 ``aggregate``      once per round after every participant uploaded
 ``eval_model``     per evaluated client and stage (with the round and its lr): the flat model to evaluate
@@ -32,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.core.batched import StackedBatch, stacked_sgd
 from bench.core.capacity import WidthRule
 from bench.core.data import ClientData, FederatedData
 from bench.core.flat import FlatModel
@@ -153,6 +157,9 @@ class Method:
     #: splits ("train", "test") this method copes with being empty on some clients; a partition leaving a client
     #: without any other split is refused before the run starts (bench.core.builder.check_clients_nonempty)
     empty_splits: ClassVar[frozenset[str]] = frozenset()
+    #: True when this class (not inherited: bench.core.batched.declares_batched) can train its participants
+    #: together (``train.batched_clients``): see :mod:`bench.core.batched` for what that requires
+    trains_batched: ClassVar[bool] = False
 
     def __init__(self, fed: Federation, hp: Any) -> None:
         self.fed = fed
@@ -203,11 +210,20 @@ class Method:
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         return self.local_sgd(task, model)
 
+    def train_clients(self, tasks: Sequence[ClientRound], models: torch.Tensor, worker: FlatModel) -> list[float]:
+        """The batched counterpart of :meth:`train_client` (``train.batched_clients``): train the rows of
+        ``models`` [K, D] (each client's start, in ``worker``'s layout) in place, row k on ``tasks[k]``; returns
+        the clients' mean batch losses. Default: :meth:`stacked_sgd`."""
+        return self.stacked_sgd(tasks, models, worker)
+
     def loss(self, task: ClientRound, model: FlatModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model.module(x), y)
 
     def before_step(self, task: ClientRound, model: FlatModel) -> None:
         """Edit gradients in place (proximal terms, gradient masks). Default: nothing."""
+
+    def before_step_batched(self, batch: StackedBatch) -> None:
+        """:meth:`before_step`'s edits on a batched step (``batch.grads`` [k, T], in place). Default: nothing."""
 
     def upload(self, task: ClientRound, model: FlatModel) -> None:
         raise NotImplementedError
@@ -278,6 +294,25 @@ class Method:
             for p in frozen:
                 p.requires_grad_(True)
         return float(total) / max(batches, 1)
+
+    def stacked_sgd(
+        self,
+        tasks: Sequence[ClientRound],
+        models: torch.Tensor,
+        worker: FlatModel,
+        *,
+        epochs: int | None = None,
+        params: Iterable[nn.Parameter] | None = None,
+        lr: float | None = None,
+        optim: Mapping[str, Any] | None = None,
+    ) -> list[float]:
+        """:meth:`local_sgd` of every row of ``models`` [K, D] at once (``params`` are ``worker``'s parameters to
+        train); the same draws and, up to the order of floating-point sums, the same results
+        (:func:`bench.core.batched.stacked_sgd`)."""
+        cfg = {**self.fed.train, **(optim or {})}
+        set_train_mode(worker.module, cfg.get("norm_mode", "train"), tasks[0].round)
+        return stacked_sgd(self, tasks, models, worker, cfg, tasks[0].lr if lr is None else lr,
+                           cfg["epochs"] if epochs is None else epochs, params)
 
     def weights(self, clients: Sequence[int]) -> torch.Tensor:
         """Aggregation weights n_k / sum n_k over ``clients`` (float32 on the device)."""
@@ -496,19 +531,16 @@ class Engine:
         clients = self.participants(round_)
         losses, pre = [], []
         method.begin_round(round_, clients)
-        for cid in clients:
-            worker = method.client_worker(cid, "train")
-            start = method.client_model(cid)
-            worker.load(start)
-            task = ClientRound(cid, round_, self.data.client(cid), generator(self.cfg.seed, "train", round_, cid),
-                               start, lr)
-            losses.append(method.train_client(task, worker))
+        together = bool(method.fed.train.get("batched_clients", False))
+        trained = self.train_together(round_, clients, lr) if together else self.train_in_turn(round_, clients, lr)
+        for task, worker, loss in trained:
+            losses.append(loss)
             check_finite(method, task, losses[-1], worker)
             if on_client is not None:
                 on_client(task, worker)
             method.upload(task, worker)
             if evaluating and "pre" in method.eval_stages:
-                pre.append(self.evaluate_client(cid, "pre", round_, lr))
+                pre.append(self.evaluate_client(task.cid, "pre", round_, lr))
         method.aggregate(round_, clients)
         records: list[dict[str, Any]] = [
             {"kind": "train", "round": round_, "clients": clients, "loss": losses,
@@ -525,6 +557,43 @@ class Engine:
                 post = [self.evaluate_client(cid, "post", round_, lr) for cid in everyone]
                 records += self.stage_records(round_, "post", everyone, post)
         return records
+
+    def task(self, cid: int, round_: int, start: torch.Tensor, lr: float) -> ClientRound:
+        return ClientRound(cid, round_, self.data.client(cid), generator(self.cfg.seed, "train", round_, cid), start,
+                           lr)
+
+    def train_in_turn(self, round_: int, clients: Sequence[int], lr: float
+                      ) -> Iterator[tuple[ClientRound, FlatModel, float]]:
+        """Each participant trained on its worker, one after another: (task, trained worker, loss) per participant,
+        each yielded (and uploaded by the caller) before the next one starts."""
+        for cid in clients:
+            worker = self.method.client_worker(cid, "train")
+            start = self.method.client_model(cid)
+            worker.load(start)
+            task = self.task(cid, round_, start, lr)
+            yield task, worker, self.method.train_client(task, worker)
+
+    def train_together(self, round_: int, clients: Sequence[int], lr: float
+                       ) -> Iterator[tuple[ClientRound, FlatModel, float]]:
+        """``train.batched_clients``: the participants of each worker trained as one batch
+        (:meth:`Method.train_clients`), then yielded one by one in participant order, each loaded in its worker."""
+        method = self.method
+        by_worker: dict[int, tuple[FlatModel, list[int]]] = {}
+        for cid in clients:
+            worker = method.client_worker(cid, "train")
+            by_worker.setdefault(id(worker), (worker, []))[1].append(cid)
+        done: dict[int, tuple[ClientRound, FlatModel, torch.Tensor, float]] = {}
+        for worker, group in by_worker.values():
+            starts = torch.stack([method.client_model(cid) for cid in group])
+            tasks = [self.task(cid, round_, starts[k], lr) for k, cid in enumerate(group)]
+            models = starts.clone()
+            group_losses = method.train_clients(tasks, models, worker)
+            for k, task in enumerate(tasks):
+                done[task.cid] = (task, worker, models[k], group_losses[k])
+        for cid in clients:
+            task, worker, vector, loss = done.pop(cid)
+            worker.load(vector)
+            yield task, worker, loss
 
     def evaluate_client(self, cid: int, stage: str, round_: int, lr: float) -> dict[str, tuple[int, float, int]]:
         """Evaluate client ``cid`` at ``stage`` on the method's worker for that stage. At ``pre`` that worker

@@ -122,8 +122,11 @@ class MaxPool2d(nn.MaxPool2d):
                            and not self.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.fx.Proxy) or x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
-            return super().forward(x)  # a symbolic trace (TailorFL's graph analysis) sees the plain max-pool
+        if (isinstance(x, torch.fx.Proxy) or x.device.type != "cpu" or x.dim() != 4 or self.return_indices
+                or torch._C._are_functorch_transforms_active()):
+            # a symbolic trace (TailorFL's graph analysis) and clients trained together (torch.func's vmap and
+            # grad, bench.core.batched) see the plain max-pool
+            return super().forward(x)
         if self.two_by_two and not (torch.is_grad_enabled() and x.requires_grad):
             x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]  # floor mode: an odd last row/column drops
             if not _has_negative_zero(x):  # then equal values have equal bits: any order of maxima is the kernel's
