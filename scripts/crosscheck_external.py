@@ -80,7 +80,7 @@ def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str
 
 
 def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
-               data_name: str) -> tuple[dict[str, list[float]], list[str], float]:
+               data_name: str) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
     """Run PFLlib's ``main.py`` for one method on one exported split; per repetition, accuracy (%) per round."""
     s = spec["setting"]
     ext = spec["methods"][method]["external"]
@@ -97,7 +97,7 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
         proc = subprocess.run(cmd, cwd=checkout / "system", stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
-    curves = {}
+    curves, extra = {}, {}
     for i, seed in enumerate(seeds):
         h5 = checkout / "results" / f"{data_name}_{ext['algo']}_{goal}_{i}.h5"
         read = "import h5py, json, sys; print(json.dumps(h5py.File(sys.argv[1], 'r')['rs_test_acc'][:].tolist()))"
@@ -107,12 +107,15 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
         # entry t the models after t rounds of training and aggregation (our round t, stage post). A method that
         # evaluates twice per round (Ditto: the global, then the personalized models, serverditto.py train) says
         # which entry of each round is its personalized one (`entry`, of `per_round`).
-        per_round, entry = int(ext.get("per_round", 1)), int(ext.get("entry", 0))
+        # `trailing`: evaluations after the last round (FedBABU's fine-tuned models, serverbabu.py train), kept aside.
+        per_round, entry, trailing = int(ext.get("per_round", 1)), int(ext.get("entry", 0)), int(ext.get("trailing", 0))
+        if trailing:
+            extra[seed], acc = acc[len(acc) - trailing:], acc[:len(acc) - trailing]
         acc = acc[entry::per_round]
         if len(acc) != int(s["rounds"]) + 1:
             raise SystemExit(f"error: {h5} holds {len(acc)} evaluations, expected rounds + 1 = {s['rounds'] + 1}")
         curves[seed] = acc[1:]
-    return curves, cmd[1:], time.time() - start
+    return curves, extra, cmd[1:], time.time() - start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if partition not in exported:
                 exported[partition] = export_split(spec, partition, checkout)
-            curves, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python, exported[partition])
+            curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
+                                                     exported[partition])
             out = Path(args.results) / method / f"reference_{partition}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             ref = {"method": method, "partition": partition,
@@ -150,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
                    "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)",
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
-                   "seconds": round(seconds, 1), "curves": curves}
+                   "seconds": round(seconds, 1), "curves": curves, **({"trailing": extra} if extra else {})}
             out.write_text(json.dumps(ref, indent=1) + "\n")
             best = sum(max(c) for c in curves.values()) / len(curves)
             final = sum(c[-1] for c in curves.values()) / len(curves)
