@@ -242,6 +242,9 @@ def select(spec: Mapping[str, Any], methods: Sequence[str] | None, which: str, r
         lost = [f"{m}/{p}" for m, p in cells if (m, p) not in have]
         raise FileNotFoundError(f"no reference curves for {', '.join(lost)} under {results}: run "
                                 "scripts/crosscheck_external.py for them first")
+    if len(have) != len(cells):
+        print("no reference yet (not checked): " + ", ".join(f"{m}/{p}" for m, p in cells if (m, p) not in have),
+              file=sys.stderr)
     if not have:
         raise FileNotFoundError(f"no reference curves under {results}: run scripts/crosscheck_external.py first")
     return have

@@ -124,6 +124,8 @@ def test_crosscheck_passes_unchanged_and_fails_when_the_update_rule_is_perturbed
     ref.write_text(json.dumps({"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"},
                                "setting": spec["setting"], "curves": {"0": curve}}))
     common = ["--spec", str(spec_path), "--results", str(results), "--workers", "1"]
-    assert main([*common, "--set", "ci", "--write"]) == 0
+    # unchanged: the finished reference run is reused (same config, same folder), which exercises the comparison
+    assert main([*common, "--set", "ci", "--write", "--out-dir", str(tmp_path / "ref_runs")]) == 0
     assert (results / "README.md").is_file() and (results / "figures" / "fedavg-pat.png").is_file()
+    # perturbed: trained afresh with the damped server update
     assert main([*common, "--methods", "fedavg", "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1
