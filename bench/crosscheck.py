@@ -209,6 +209,10 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
             f"| {r['method']} | {r['partition']} | {r['external']} `{r['algo']}` ({r['commit'][:10]}) | "
             f"{r['theirs_best']:.2f} / {r['theirs_final']:.2f} | {r['ours_best']:.2f} / {r['ours_final']:.2f} | "
             f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r['verdict']} |")
+    done = {(r["method"], r["partition"]) for r in rows}
+    pending = [f"{m}/{p}" for m in spec["methods"] for p in method_partitions(spec, m) if (m, p) not in done]
+    if pending:
+        lines += ["", "Configured in `conf/crosscheck.yaml`, not run on both sides yet: " + ", ".join(pending) + "."]
     missing = [m for m in spec.get("no_public_code", {})]
     if missing:
         lines += ["", "Methods with no public implementation to check against: "
