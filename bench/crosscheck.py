@@ -91,13 +91,18 @@ def curve_from_records(rounds_jsonl: str | Path, stage: str = "post") -> list[fl
 class Stats:
     best: float   # mean over seeds of each seed's best round
     final: float  # mean over seeds of the last round
+    tail: float = float("nan")  # mean over seeds of the mean of the last TAIL rounds (less noisy than final)
+
+
+TAIL = 5
 
 
 def stats(curves: Mapping[str, Sequence[float]]) -> Stats:
     runs = list(curves.values())
     if not runs or any(len(c) == 0 for c in runs):
         raise ValueError("no learning curve to summarise")
-    return Stats(best=sum(max(c) for c in runs) / len(runs), final=sum(c[-1] for c in runs) / len(runs))
+    return Stats(best=sum(max(c) for c in runs) / len(runs), final=sum(c[-1] for c in runs) / len(runs),
+                 tail=sum(sum(c[-TAIL:]) / len(c[-TAIL:]) for c in runs) / len(runs))
 
 
 def verdict(ours: Stats, theirs: Stats, tol: float, method_tol: float, note: str | None = None) -> tuple[bool, str]:
@@ -182,7 +187,8 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
     return {"method": method, "partition": partition, "external": reference["external"]["repo"],
             "commit": reference["external"]["commit"], "algo": reference["external"]["algo"],
             "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best, "theirs_final": t.final,
-            "d_best": o.best - t.best, "d_final": o.final - t.final, "tolerance": tol, "ok": ok, "verdict": words}
+            "d_best": o.best - t.best, "d_final": o.final - t.final, "d_tail": o.tail - t.tail,
+            "tolerance": tol, "ok": ok, "verdict": words}
 
 
 def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
@@ -198,17 +204,19 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
         f"{s['epochs']} local epoch(s), {s['rounds']} rounds, all clients every round, seeds {s['seeds']}. "
         "Metric: test accuracy pooled over all clients' test samples (weighted by test size), of the model each "
         "client holds after the round's aggregation; best = mean over seeds of each seed's best round, final = "
-        "mean over seeds of the last round. Δ = ours − theirs, in points.",
+        f"mean over seeds of the last round, last {TAIL} = mean over seeds of the last {TAIL} rounds' mean (shown, "
+        "not part of the verdict). Δ = ours − theirs, in points. Verdict: agree when both |Δ best| and |Δ final| "
+        "are within the common tolerance; else explained (the method's note, within its own tolerance); else differs.",
         "",
         "| method | partition | external code (commit) | theirs best / final | ours best / final | Δ best | "
-        "Δ final | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "Δ final | Δ last 5 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['partition']} | {r['external']} `{r['algo']}` ({r['commit'][:10]}) | "
             f"{r['theirs_best']:.2f} / {r['theirs_final']:.2f} | {r['ours_best']:.2f} / {r['ours_final']:.2f} | "
-            f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r['verdict']} |")
+            f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r.get('d_tail', float('nan')):+.2f} | {r['verdict']} |")
     done = {(r["method"], r["partition"]) for r in rows}
     pending = [f"{m}/{p}" for m in spec["methods"] for p in method_partitions(spec, m) if (m, p) not in done]
     if pending:

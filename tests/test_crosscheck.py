@@ -53,7 +53,8 @@ def test_committed_spec_is_well_formed_and_references_match_it() -> None:
 
 def test_stats_take_each_seeds_best_and_last_round() -> None:
     s = stats({"0": [10.0, 50.0, 40.0], "1": [20.0, 30.0, 60.0]})
-    assert s == Stats(best=(50.0 + 60.0) / 2, final=(40.0 + 60.0) / 2)
+    assert (s.best, s.final) == ((50.0 + 60.0) / 2, (40.0 + 60.0) / 2)
+    assert stats({"0": [float(r) for r in range(10)]}).tail == (5 + 6 + 7 + 8 + 9) / 5
     with pytest.raises(ValueError):
         stats({})
 
