@@ -1,12 +1,17 @@
 """Partitions out: write a run's partition as a partition file another library (or ``partition=from_file``) reads.
 
-Usage: ``python -m bench.partition export <run_dir> [--out FILE] [--format npz|json]``
+Usage: ``python -m bench.partition export <run_dir> [--out FILE] [--format npz|json|pfllib]``
 
 The partition is rebuilt from the run's ``config.yaml`` (data loaded as the run loaded it, partition through
 the cache of the config's ``cache_dir``) and checked against the run's ``partition/class_counts.csv``. The
 file holds per-client indices into the official train and test splits (``docs/partition_format.md``);
 the default output is ``<run_dir>/partition/partition.npz``. Feed it back with
 ``python -m bench.run partition=from_file partition.path=<file> num_clients=<N> ...``.
+
+``--format pfllib`` writes the clients' data itself in PFLlib's layout instead of indices: a folder with
+``train/<i>.npz`` and ``test/<i>.npz`` per client, each holding ``data = {"x": float32 [n, C, H, W], "y": int64
+[n]}`` (the images exactly as the harness feeds them to a model: the dataset's test transform, here none), and a
+``config.json`` of the class counts; PFLlib reads it as ``-data <folder name>`` from its ``dataset/`` folder.
 """
 
 from __future__ import annotations
@@ -73,16 +78,63 @@ def export(run_dir: str | Path, out: str | Path | None = None, fmt: str | None =
                                 dataset=str(conf["dataset"]["name"]), meta=meta)
 
 
+def export_pfllib(conf: Mapping[str, Any], out: str | Path) -> Path:
+    """Write the clients of the config's partition as a PFLlib data folder ``out`` (see the module docstring).
+
+    A client's training part is its ``train`` indices (validation samples, if any, are left out); its test part
+    is its ``test`` samples, taken from the test split or held out of the train split. Images go through the
+    dataset's ``test_transform`` (the deterministic one every evaluation uses)."""
+    import json
+
+    import numpy as np
+
+    from datasets.augment import build_transform
+
+    if conf["dataset"].get("domains"):
+        raise ValueError("--format pfllib supports single-domain data sets only")
+    partition, pool_labels, n_train, num_classes = rebuild_partition(conf)
+    train, test = load_sources(conf["dataset"], conf.get("data_root"))
+    images = torch.cat([train[0].images, test[0].images])
+    transform = build_transform(conf["dataset"].get("test_transform"))
+    out = Path(out)
+    counts = []
+    for part in ("train", "test"):
+        (out / part).mkdir(parents=True, exist_ok=True)
+    for cid, client in enumerate(partition.clients):
+        row = {}
+        for part, idx in (("train", client.train), ("test", client.test)):
+            idx = idx.cpu().long().sort().values
+            x = transform(images[idx], torch.Generator().manual_seed(0)).contiguous()
+            y = pool_labels[idx]
+            with open(out / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x.numpy().astype(np.float32), "y": y.numpy().astype(np.int64)})
+            row[part] = np.bincount(y.numpy(), minlength=num_classes).tolist()
+        counts.append(row)
+    info = {"num_clients": len(partition.clients), "num_classes": num_classes, "dataset": conf["dataset"]["name"],
+            "scheme": conf["partition"]["scheme"], "data_seed": int(conf["data_seed"]), "class_counts": counts}
+    (out / "config.json").write_text(json.dumps(info, indent=1) + "\n")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write a run's partition as a .npz or .json partition file")
     exp.add_argument("run_dir", help="a run directory (holds config.yaml)")
     exp.add_argument("--out", help="output file (default: <run_dir>/partition/partition.<format>)")
-    exp.add_argument("--format", choices=("npz", "json"), help="default: from --out's suffix, else npz")
+    exp.add_argument("--format", choices=("npz", "json", "pfllib"),
+                     help="default: from --out's suffix, else npz; pfllib: a PFLlib data folder (--out required)")
     args = parser.parse_args(argv)
     with config_phase():  # a missing or unreadable run, data that changed: a short message and exit status 2
-        path = export(args.run_dir, args.out, args.format)
+        if args.format == "pfllib":
+            if not args.out:
+                raise ValueError("--format pfllib needs --out <folder> (PFLlib's dataset/<name>)")
+            conf = load_run_config(args.run_dir)
+            partition, pool, _, num_classes = rebuild_partition(conf)
+            check_against_report(Path(args.run_dir), partition, pool, num_classes)
+            path = export_pfllib(conf, args.out)
+        else:
+            path = export(args.run_dir, args.out, args.format)
     print(f"wrote {path}")
 
 

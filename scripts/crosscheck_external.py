@@ -1,0 +1,166 @@
+"""Run the external side of a cross-check and write its reference curves (their numbers, never their code).
+
+    python scripts/crosscheck_external.py --checkout /tmp/PFLlib --methods fedavg fedper [--partitions pat] \
+        [--python /tmp/pflvenv/bin/python]
+
+For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
+runs see them into ``<checkout>/dataset/<name>/`` (``bench.partition.export_pfllib``), runs the external code
+unmodified through its own command line with the shared setting (rounds, clients, lr, batch size, local epochs,
+CPU, one repetition per seed), reads the per-round test accuracy it saves, and writes
+``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
+exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
+h5py, calmsize); ``--python`` names the interpreter that has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.compose import compose_config, to_container  # noqa: E402
+from bench.crosscheck import RESULTS, SPEC, load_spec, method_partitions, setting_overrides  # noqa: E402
+from bench.partition import export_pfllib  # noqa: E402
+
+
+def git_commit(checkout: Path) -> str:
+    out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"error: {checkout} is not a git checkout (need its commit for the reference)")
+    # only the code counts: a snapshot may lack the large data files PFLlib commits under dataset/
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no", "--",
+                            "system"], capture_output=True, text=True).stdout.strip()
+    if dirty:
+        raise SystemExit(f"error: {checkout}/system has local changes; the external code must run unmodified")
+    return out.stdout.strip()
+
+
+def pfllib_dataset_name(partition: str) -> str:
+    # PFLlib builds its CNN for (Fashion-)MNIST when the data set's name contains "MNIST" (system/main.py)
+    return f"FMNIST_crosscheck_{partition}"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Same content (an .npz by its arrays: its zip entries carry the time they were written)."""
+    if not b.is_file():
+        return False
+    if a.suffix != ".npz":
+        return a.read_bytes() == b.read_bytes()
+    x, y = (np.load(p, allow_pickle=True)["data"].tolist() for p in (a, b))
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str:
+    name = pfllib_dataset_name(partition)
+    conf = to_container(compose_config([*setting_overrides(spec, partition), "method=fedavg", "seed=0"]))
+    final = checkout / "dataset" / name
+    # written aside and moved in whole: another run of this script may be reading the folder (PFLlib re-reads a
+    # client's file every round), so an existing folder is kept when identical and never rewritten
+    tmp = export_pfllib(conf, checkout / "dataset" / f".{name}.tmp-{os.getpid()}")
+    if final.exists():
+        same = all(same_file(f, final / f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
+        shutil.rmtree(tmp)
+        if not same:
+            raise SystemExit(f"error: {final} holds another split than conf/crosscheck.yaml's; remove it first")
+    else:
+        tmp.rename(final)
+    return name
+
+
+def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+               data_name: str) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
+    """Run PFLlib's ``main.py`` for one method on one exported split; per repetition, accuracy (%) per round."""
+    s = spec["setting"]
+    ext = spec["methods"][method]["external"]
+    goal = f"crosscheck_{method}"
+    seeds = [str(x) for x in s["seeds"]]
+    cmd = [python, "-u", "main.py", "-data", data_name, "-m", "CNN", "-algo", ext["algo"], "-dev", "cpu",
+           "-nc", str(s["num_clients"]), "-ncl", "10", "-jr", "1", "-gr", str(s["rounds"]), "-lr", str(s["lr"]),
+           "-lbs", str(s["batch_size"]), "-ls", str(s["epochs"]), "-eg", "1", "-t", str(len(seeds)),
+           "-go", goal, *[str(a) for a in ext.get("args", [])]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start = time.time()
+    log = checkout / "system" / f"{goal}_{partition}.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=checkout / "system", stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+    curves, extra = {}, {}
+    for i, seed in enumerate(seeds):
+        h5 = checkout / "results" / f"{data_name}_{ext['algo']}_{goal}_{i}.h5"
+        read = "import h5py, json, sys; print(json.dumps(h5py.File(sys.argv[1], 'r')['rs_test_acc'][:].tolist()))"
+        acc = [100.0 * float(a) for a in json.loads(subprocess.run([python, "-c", read, str(h5)], check=True,
+                                                                     capture_output=True, text=True).stdout)]
+        # PFLlib evaluates at the start of every round, after sending the models: entry 0 is the untrained model,
+        # entry t the models after t rounds of training and aggregation (our round t, stage post). A method that
+        # evaluates twice per round (Ditto: the global, then the personalized models, serverditto.py train) says
+        # which entry of each round is its personalized one (`entry`, of `per_round`).
+        # `trailing`: evaluations after the last round (FedBABU's fine-tuned models, serverbabu.py train), kept aside.
+        per_round, entry, trailing = int(ext.get("per_round", 1)), int(ext.get("entry", 0)), int(ext.get("trailing", 0))
+        if trailing:
+            extra[seed], acc = acc[len(acc) - trailing:], acc[:len(acc) - trailing]
+        acc = acc[entry::per_round]
+        if len(acc) != int(s["rounds"]) + 1:
+            raise SystemExit(f"error: {h5} holds {len(acc)} evaluations, expected rounds + 1 = {s['rounds'] + 1}")
+        curves[seed] = acc[1:]
+    return curves, extra, cmd[1:], time.time() - start
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkout", required=True, help="a git checkout of the external code (PFLlib)")
+    parser.add_argument("--methods", nargs="+", help="default: every method whose external code is PFLlib")
+    parser.add_argument("--partitions", nargs="+")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter for the external code")
+    parser.add_argument("--spec", default=str(SPEC))
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec)
+    checkout = Path(args.checkout).resolve()
+    commit = git_commit(checkout)
+    methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == "pfllib"]
+    exported: dict[str, str] = {}
+    for method in methods:
+        if method not in spec["methods"]:
+            raise SystemExit(f"error: unknown method {method!r}; conf/crosscheck.yaml has {', '.join(spec['methods'])}")
+        ext = spec["methods"][method]["external"]
+        if ext["code"] != "pfllib":
+            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}; this script runs PFLlib only")
+        for partition in method_partitions(spec, method):
+            if args.partitions and partition not in args.partitions:
+                continue
+            if partition not in exported:
+                exported[partition] = export_split(spec, partition, checkout)
+            curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
+                                                     exported[partition])
+            out = Path(args.results) / method / f"reference_{partition}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            ref = {"method": method, "partition": partition,
+                   "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
+                                "algo": ext["algo"], "command": cmd, "cwd": "system/"},
+                   "setting": spec["setting"], "our_split": spec["partitions"][partition],
+                   "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
+                   "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)",
+                   "platform": {"python": platform.python_version(), "machine": platform.machine()},
+                   "seconds": round(seconds, 1), "curves": curves, **({"trailing": extra} if extra else {})}
+            out.write_text(json.dumps(ref, indent=1) + "\n")
+            best = sum(max(c) for c in curves.values()) / len(curves)
+            final = sum(c[-1] for c in curves.values()) / len(curves)
+            print(f"{method} {partition}: best {best:.2f} final {final:.2f} ({seconds:.0f} s) -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Cross-checks (bench.crosscheck, conf/crosscheck.yaml, scripts/crosscheck_external.py).
+
+The committed spec is well formed and every method in it has a reference; the summary statistics and the verdict
+follow their definitions; the PFLlib export holds exactly the clients' samples; and the check itself passes on an
+unchanged method and fails when the method's update rule is perturbed (on a tiny digits setting, whose reference
+curve is our own unperturbed run standing in for the external one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from bench.compose import compose_config, to_container
+from bench.crosscheck import (
+    RESULTS,
+    Stats,
+    curve_from_records,
+    load_spec,
+    main,
+    method_partitions,
+    reference_path,
+    run_ours,
+    stats,
+    verdict,
+)
+from bench.partition import export_pfllib, rebuild_partition
+from datasets.sources import SOURCES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_spec_is_well_formed_and_references_match_it() -> None:
+    spec = load_spec()
+    results = ROOT / RESULTS
+    for method in spec["methods"]:
+        for partition in method_partitions(spec, method):
+            ref = reference_path(results, method, partition)
+            if not ref.is_file():
+                continue
+            data = json.loads(ref.read_text())
+            assert data["setting"] == spec["setting"], f"{ref} was made with another setting; rerun it"
+            assert len(data["curves"]) == len(spec["setting"]["seeds"])
+            assert all(len(c) == spec["setting"]["rounds"] for c in data["curves"].values())
+            assert len(data["external"]["commit"]) == 40
+    assert set(spec["ci"]) <= set(spec["methods"])
+
+
+def test_stats_take_each_seeds_best_and_last_round() -> None:
+    s = stats({"0": [10.0, 50.0, 40.0], "1": [20.0, 30.0, 60.0]})
+    assert (s.best, s.final) == ((50.0 + 60.0) / 2, (40.0 + 60.0) / 2)
+    assert stats({"0": [float(r) for r in range(10)]}).tail == (5 + 6 + 7 + 8 + 9) / 5
+    with pytest.raises(ValueError):
+        stats({})
+
+
+def test_verdict_agrees_within_tolerance_explains_with_a_note_and_fails_beyond() -> None:
+    theirs = Stats(80.0, 79.0)
+    assert verdict(Stats(80.4, 78.6), theirs, 0.5, 0.5)[0]
+    assert not verdict(Stats(80.6, 79.0), theirs, 0.5, 0.5)[0]
+    ok, words = verdict(Stats(81.0, 79.0), theirs, 0.5, 1.5, "their evaluation differs")
+    assert ok and words.startswith("explained")
+    assert not verdict(Stats(82.0, 79.0), theirs, 0.5, 1.5, "their evaluation differs")[0]
+    assert not verdict(Stats(81.0, 79.0), theirs, 0.5, 1.5)[0]  # a wider tolerance needs its reason
+
+
+def test_curve_reads_the_pooled_test_accuracy_of_the_stage(tmp_path: Path) -> None:
+    recs = [{"kind": "train", "round": 1},
+            {"kind": "eval", "round": 1, "stage": "pre", "split": "test", "weighted_acc": 1.0},
+            {"kind": "eval", "round": 1, "stage": "post", "split": "test", "weighted_acc": 2.0},
+            {"kind": "eval", "round": 1, "stage": "post", "split": "val", "weighted_acc": 3.0},
+            {"kind": "eval", "round": 2, "stage": "post", "split": "test", "weighted_acc": 4.0}]
+    path = tmp_path / "rounds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert curve_from_records(path) == [2.0, 4.0]
+    assert curve_from_records(path, "pre") == [1.0]
+
+
+def test_pfllib_export_holds_each_clients_samples(tmp_path: Path) -> None:
+    conf = to_container(compose_config(["dataset=digits", "partition=pathological", "num_clients=4", "seed=0",
+                                        "cache_dir=null"]))
+    out = export_pfllib(conf, tmp_path / "FMNIST_x")
+    partition, pool_labels, n_train, _ = rebuild_partition(conf)
+    train = SOURCES.get("digits")("train")
+    test = SOURCES.get("digits")("test")
+    images = torch.cat([train.images, test.images])
+    info = json.loads((out / "config.json").read_text())
+    assert info["num_clients"] == 4
+    for cid, client in enumerate(partition.clients):
+        for part, idx in (("train", client.train), ("test", client.test)):
+            with open(out / part / f"{cid}.npz", "rb") as f:
+                data = np.load(f, allow_pickle=True)["data"].tolist()
+            idx = idx.sort().values
+            assert data["x"].dtype == np.float32 and data["y"].dtype == np.int64
+            assert np.array_equal(data["x"], images[idx].numpy())
+            assert np.array_equal(data["y"], pool_labels[idx].numpy())
+            assert info["class_counts"][cid][part] == np.bincount(data["y"], minlength=10).tolist()
+
+
+def _tiny_spec(tmp_path: Path) -> Path:
+    spec = {"setting": {"dataset": "digits", "model": "small_cnn", "num_clients": 4, "n_train_per_client": 100,
+                        "n_test_per_client": 30, "data_seed": 0, "rounds": 3, "lr": 0.05, "batch_size": 10,
+                        "epochs": 1, "seeds": [0]},
+            "partitions": {"pat": ["partition=pathological", "cache_dir=null"]},
+            "tolerance": 0.5, "ci": ["fedavg"],
+            "methods": {"fedavg": {"ours": ["method=fedavg"], "external": {"code": "standin", "algo": "FedAvg"}}},
+            "external": {"standin": {"repo": "our own unperturbed run"}}}
+    path = tmp_path / "crosscheck.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_crosscheck_passes_unchanged_and_fails_when_the_update_rule_is_perturbed(tmp_path: Path) -> None:
+    spec_path = _tiny_spec(tmp_path)
+    spec = load_spec(spec_path)
+    curve = run_ours(spec, [("fedavg", "pat", 0)], tmp_path / "ref_runs", 1)[("fedavg", "pat", 0)]
+    results = tmp_path / "results"
+    ref = reference_path(results, "fedavg", "pat")
+    ref.parent.mkdir(parents=True)
+    ref.write_text(json.dumps({"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"},
+                               "setting": spec["setting"], "curves": {"0": curve}}))
+    common = ["--spec", str(spec_path), "--results", str(results), "--workers", "1"]
+    # unchanged: the finished reference run is reused (same config, same folder), which exercises the comparison
+    assert main([*common, "--set", "ci", "--write", "--out-dir", str(tmp_path / "ref_runs")]) == 0
+    assert (results / "README.md").is_file() and (results / "figures" / "fedavg-pat.png").is_file()
+    # perturbed: trained afresh with the damped server update
+    assert main([*common, "--methods", "fedavg", "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1
