@@ -19,7 +19,7 @@ PAPERS   := fedcac pa3dfl fedc2i fedselect
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
-	@echo "make demo    FedAvg / Local / FedProx on embedded digits -> results/demo/ (a few minutes)"
+	@echo "make demo    FedCAC Table 1, one column, vs its baselines beside the paper's numbers -> results/demo/index.html"
 	@echo "make test    the test suite (WANDB_MODE=offline)"
 	@echo "make reliability  fault injection and bad inputs (part of make test too), with a summary table"
 	@echo "make lint    ruff"
