@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist chromium demo test reliability lint bench efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist chromium demo test reliability lint bench scale efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -24,6 +24,8 @@ help:
 	@echo "make reliability  fault injection and bad inputs (part of make test too), with a summary table"
 	@echo "make lint    ruff"
 	@echo "make bench   engine vs naive loop, seconds per round -> results/bench/"
+	@echo "make scale   seconds per round and peak memory vs clients (10 -> 10,000), model size, per-client state"
+	@echo "             in memory or in files -> results/bench/scale.md (about 15 CPU-minutes)"
 	@echo "make <paper>-<table>  one paper table or figure, e.g. make fedcac-table2 (alias: make table2);"
 	@echo "             SCALE=mini|medium|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
 	@echo "             targets: $(TABLES)"
@@ -79,6 +81,9 @@ lint: setup
 
 bench: setup
 	$(PY) scripts/benchmark.py --out results/bench
+
+scale: setup
+	$(PY) scripts/scale.py --out results/bench
 
 clean-runs:
 	rm -rf runs cache results/demo/runs
