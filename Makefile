@@ -15,11 +15,11 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist chromium demo test reliability lint bench crosscheck crosscheck-ci efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist chromium demo test reliability lint bench scale crosscheck crosscheck-ci efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
-	@echo "make demo    FedAvg / Local / FedProx on embedded digits -> results/demo/ (a few minutes)"
+	@echo "make demo    FedCAC Table 1, one column, vs its baselines beside the paper's numbers -> results/demo/index.html"
 	@echo "make test    the test suite (WANDB_MODE=offline)"
 	@echo "make reliability  fault injection and bad inputs (part of make test too), with a summary table"
 	@echo "make lint    ruff"
@@ -27,6 +27,8 @@ help:
 	@echo "make crosscheck  rerun our side of every cross-check against the committed reference curves of"
 	@echo "             independent implementations (results/crosscheck/); fails on a drift beyond tolerance"
 	@echo "make crosscheck-ci  the reduced set of conf/crosscheck.yaml's ci: (FedAvg and FedPer, pathological)"
+	@echo "make scale   seconds per round and peak memory vs clients (10 -> 10,000), model size, per-client state"
+	@echo "             in memory or in files -> results/bench/scale.md (about 15 CPU-minutes)"
 	@echo "make <paper>-<table>  one paper table or figure, e.g. make fedcac-table2 (alias: make table2);"
 	@echo "             SCALE=mini|medium|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
 	@echo "             targets: $(TABLES)"
@@ -82,6 +84,9 @@ lint: setup
 
 bench: setup
 	$(PY) scripts/benchmark.py --out results/bench
+
+scale: setup
+	$(PY) scripts/scale.py --out results/bench
 
 # Cross-checks against independent implementations (conf/crosscheck.yaml; the external side:
 # scripts/crosscheck_external.py). Our runs go to a fresh temporary folder, so the current code is what runs.

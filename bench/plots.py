@@ -96,14 +96,23 @@ def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str
 def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs",
                  results_dir: str = "results") -> list[Path]:
     """Learning curves of one table spec's finished runs, one figure per column."""
-    from bench.core.records import RunDir
-    from bench.run import run_dir_for
-    from bench.spec import cell_config, expand, label, load_spec, output_base, slug
+    from bench.spec import load_spec
     from bench.tuning import with_tuned
 
     spec = with_tuned(load_spec(spec_path), scale, results_dir)  # the rows' searched values, as the table ran
+    return spec_curves(spec, scale, out_dir, results_dir)
+
+
+def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results_dir: str = "results",
+                seeds: Sequence[int] | None = None, extra: Sequence[str] = ()) -> list[Path]:
+    """Learning curves of a loaded table spec's finished runs (its cells with ``seeds`` and ``extra`` overrides, as
+    :func:`bench.spec.expand` takes them), one figure per column, under ``<results_dir>/<paper>/figures/curves/``."""
+    from bench.core.records import RunDir
+    from bench.run import run_dir_for
+    from bench.spec import cell_config, expand, label, output_base, slug
+
     groups: dict[str, dict[str, list[Path]]] = {}
-    for cell in expand(spec, scale, out_dir=out_dir):
+    for cell in expand(spec, scale, seeds, out_dir, extra):
         run = run_dir_for(cell_config(cell))
         if RunDir(run).is_complete():
             groups.setdefault(cell.column, {}).setdefault(cell.row, []).append(run)

@@ -1,6 +1,7 @@
 """One self-contained static web page of every result: ``results/index.html``.
 
-For each paper folder under ``results/`` (``results/demo`` is treated as one; ``results/bench`` has no tables):
+For each paper folder under ``results/`` (``results/bench`` has no tables; ``results/demo`` is left out: the demo
+writes its own page, ``results/demo/index.html``, from its own results tree):
 
 - every table (a ``<name>.csv`` with a sibling ``<name>.md``, at mini scale in the folder itself, at paper scale
   under ``paper-scale/``): ours (mean ± std, seeds) beside the paper's number and the difference, with the flags
@@ -52,6 +53,7 @@ CONF_DIR = ROOT / "conf"
 PACKAGES = ("torch", "torchvision", "pandas", "hydra-core", "wandb")
 TABLE_COLUMNS = {"method", "column", "mean", "std", "seeds"}
 NO_TABLES = {"bench"}  # result folders that hold pages and figures but no paper tables
+OWN_PAGE = {"demo"}  # result folders with a page of their own (scripts/demo.py), not shown on the results page
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 #: blocks of a table's .md that ``bench.render.comparisons`` wrote (shown from the .stats.json instead)
 COMPARISON_BLOCK = re.compile(r"Paired difference|Ordering of the rows|\S.* minus each other row|\|[^|\n]* minus \|")
@@ -347,10 +349,12 @@ def read_table(paper: str, csv: Path, scale: str) -> Table:
 
 def discover(results: Path, skip: Sequence[Path] = ()) -> list[Section]:
     """Every results folder with its tables, other Markdown pages and figures (folders named ``runs`` and the
-    files in ``skip``, e.g. the page itself, are left out). ``bench`` comes last."""
+    files in ``skip``, e.g. the page itself, are left out, and so are the folders of :data:`OWN_PAGE`).
+    ``bench`` comes last."""
     sections = []
     skipped = {p.resolve() for p in skip}
-    folders = sorted((p for p in results.iterdir() if p.is_dir() and not p.name.startswith(".")),
+    folders = sorted((p for p in results.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and p.name not in OWN_PAGE),
                      key=lambda p: (p.name in NO_TABLES, p.name))
     for folder in folders:
         tables, table_mds = [], set()
@@ -574,8 +578,10 @@ def page_title(path: Path) -> str:
     return ""
 
 
-def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CONF_DIR) -> str:
-    """The whole page for the results tree ``results``, to be written at ``out``."""
+def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CONF_DIR,
+                title: str = "pflrepro results", intro: Sequence[str] = ()) -> str:
+    """The whole page for the results tree ``results``, to be written at ``out``: ``title`` as its heading, then
+    the ``intro`` paragraphs (Markdown subset of :func:`markdown_to_html`)."""
     sections = discover(results, skip=[out, out.with_suffix(".png")])
     toc, body = [], []
     for s in sections:
@@ -603,8 +609,8 @@ def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CON
                         f'<div class="figs">{"".join(figs)}</div></section>')
         body.append("</section>")
     packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in env.packages.items())
-    head = (f'<header><h1>pflrepro results</h1><p class="meta">Generated {esc(env.generated)} from '
-            f"<code>{esc(results)}</code>.</p>"
+    head = (f'<header><h1>{esc(title)}</h1>{"".join(f"<p>{inline(p)}</p>" for p in intro)}'
+            f'<p class="meta">Generated {esc(env.generated)} from <code>{esc(results)}</code>.</p>'
             f'<dl class="prov" id="provenance"><dt>commit</dt><dd>{esc(env.commit or "None")}</dd>'
             f"<dt>packages</dt><dd>{esc(packages)}</dd><dt>hardware</dt><dd>{esc(env.hardware)}</dd>"
             f"<dt>generated</dt><dd>{esc(env.generated)}</dd></dl>"
@@ -613,13 +619,14 @@ def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CON
         "<p>No results yet.</p>"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>pflrepro results</title><style>{CSS}</style></head>\n<body>\n{head}\n{nav}\n"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head>\n<body>\n{head}\n{nav}\n"
             + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n</body></html>\n")
 
 
-def build(results: Path, out: Path, conf_dir: Path = CONF_DIR) -> Path:
-    """Write the page for ``results`` atomically to ``out``; returns ``out``."""
-    atomic_write_text(out, render_page(results, out, environment(results), conf_dir))
+def build(results: Path, out: Path, conf_dir: Path = CONF_DIR, title: str = "pflrepro results",
+          intro: Sequence[str] = ()) -> Path:
+    """Write the page for ``results`` atomically to ``out`` (heading ``title``, then ``intro``); returns ``out``."""
+    atomic_write_text(out, render_page(results, out, environment(results), conf_dir, title, intro))
     return out
 
 

@@ -46,7 +46,8 @@ from datasets.partition_report import partition_label, render_partition_report, 
 from datasets.sources import SOURCES
 
 #: config keys that do not change what is computed (excluded from the run's identity)
-NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "cache_dir", "imports",
+NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "client_state", "cache_dir",
+                "imports",
                 "data_root", "hydra", "dataset.root", "dataset.download", "partition.path", "eval.chance_z")
 
 
@@ -162,7 +163,7 @@ def execute(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
                           "directory to run this config again)")
     device = configure_torch(conf)
     with config_phase():  # data, partition and model are checked before anything is written
-        experiment = build_experiment(conf, device)
+        experiment = build_experiment(conf, device, client_dir=client_state_dir(conf, run.path))
     with run.exclusive():
         state = run.summary_state()
         if state == "complete":  # finished by another process while this one waited to start
@@ -197,6 +198,9 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         run.append_records([err.record()])
         atomic_write_json(run.diverged, err.record())
         raise RunDiverged(f"{err} (run directory {run.path})") from None
+    finally:
+        if experiment.fed.tables is not None:
+            experiment.fed.tables.close()  # the live table files; a checkpoint's snapshots stay
     primary = conf["eval"]["primary"]
     records = run.records()
     stopping = ({"early_stop": early_stop(records, engine.cfg.early_stop, engine.stop_stage(), primary["weighting"])}
@@ -230,6 +234,13 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     for cb in callbacks:
         cb.on_end(summary)
     return summary
+
+
+def client_state_dir(conf: Mapping[str, Any], run_path: Path) -> Path:
+    """Where a run's per-client table files go: ``<client_state.dir>/<run directory name>``, or
+    ``<run_dir>/client_state``."""
+    chosen = (conf.get("client_state") or {}).get("dir")
+    return Path(chosen) / run_path.name if chosen else run_path / "client_state"
 
 
 def training_verdict(conf: Mapping[str, Any], data: FederatedData,

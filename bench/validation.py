@@ -3,7 +3,7 @@
 ``check_config`` refuses, with one message naming the key, the value and what is allowed:
 
 - keys nothing reads (``+train.lrr=0.1``): the top level and the fixed sections (``train``, ``eval``,
-  ``checkpoint``, ``logger``, ``capacity``) accept only the keys of ``conf/config.yaml``; a method's
+  ``checkpoint``, ``client_state``, ``logger``, ``capacity``) accept only the keys of ``conf/config.yaml``; a method's
   hyperparameters are its ``Hyper`` fields, a partition's its scheme's parameters (``bench.run.validate``);
 - values of the wrong type or out of range (the rules below), and a method's hyperparameters of the wrong
   type (from the annotations of its ``Hyper`` dataclass).
@@ -90,6 +90,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eval.chance_z": _optional(_real(lambda v: v >= 0, "a finite number >= 0 (null: no verdict)")),
     "checkpoint.every_rounds": _int(1),
     "checkpoint.every_seconds": _real(lambda v: v > 0, "a number of seconds > 0"),
+    "client_state.memory_mb": _optional(_real(lambda v: v > 0, "a number of MB > 0 (null: in memory)")),
     "logger.wandb.mode": _one_of("offline", "online", "disabled"),
     "model.width": _real(lambda v: 0 < v <= 16, "a number in (0, 16]"),
     "dataset.image_size": _optional(_int(1)),

@@ -32,7 +32,7 @@ class PartialPersonalization(Method):
         mask = self.personal_mask(self.fed.worker)
         self.state["personal_index"] = self.fed.worker.index(mask)
         self.state["global"] = init
-        self.state["personal"] = init[self.state["personal_index"]].repeat(self.fed.num_clients, 1)
+        self.state["personal"] = self.fed.client_table(init[self.state["personal_index"]])
 
     def client_model(self, cid: int) -> torch.Tensor:
         vector = self.state["global"].clone()

@@ -35,7 +35,7 @@ class Ditto(FedAvg):
 
     def setup(self, init: torch.Tensor) -> None:
         super().setup(init)
-        self.state["personal"] = init.repeat(self.fed.num_clients, 1)
+        self.state["personal"] = self.fed.client_table(init)
 
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         model.load(self.state["personal"][task.cid])

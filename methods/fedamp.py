@@ -50,8 +50,8 @@ class FedAMP(Method):
     trains_batched = True
 
     def setup(self, init: torch.Tensor) -> None:
-        self.state["models"] = init.repeat(self.fed.num_clients, 1)  # w_i
-        self.state["clouds"] = init.repeat(self.fed.num_clients, 1)  # u_i
+        self.state["models"] = self.fed.client_table(init)  # w_i
+        self.state["clouds"] = self.fed.client_table(init)  # u_i
 
     def client_model(self, cid: int) -> torch.Tensor:
         if self.hp.start == "cloud":

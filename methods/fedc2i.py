@@ -120,7 +120,7 @@ class FedC2I(Method):
     Hyper = FedC2IHyper
 
     def setup(self, init: torch.Tensor) -> None:
-        self.state["models"] = init.repeat(self.fed.num_clients, 1)
+        self.state["models"] = self.fed.client_table(init)
 
     def client_model(self, cid: int) -> torch.Tensor:
         return self.state["models"][cid]

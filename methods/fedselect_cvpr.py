@@ -63,7 +63,7 @@ class FedSelectCVPR(MaskedPersonalization):
 
     def setup(self, init: torch.Tensor) -> None:
         super().setup(init)
-        self.state["anchor"] = init.repeat(self.fed.num_clients, 1)  # theta at each client's last growth
+        self.state["anchor"] = self.fed.client_table(init)  # theta at each client's last growth
 
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         return self.local_alt(task, model, self.state["masks"][task.cid], self.hp.alt_epochs, self.hp.alt_schedule)

@@ -21,7 +21,7 @@ class Local(Method):
     trains_batched = True
 
     def setup(self, init: torch.Tensor) -> None:
-        self.state["models"] = init.repeat(self.fed.num_clients, 1)
+        self.state["models"] = self.fed.client_table(init)
 
     def client_model(self, cid: int) -> torch.Tensor:
         return self.state["models"][cid]

@@ -364,9 +364,9 @@ class Pa3dFL(Method):
         self.state["alpha"] = {}  # cid -> alpha of the last 'post' evaluation not yet recorded, and its round
         self.state["alpha_round"] = 0
         if self.hp.personal_aggregation == "local":  # no hypernetwork: V and the local head start from the init
-            self.state["personal"] = init[self._gen].repeat(self.fed.num_clients, 1)
+            self.state["personal"] = self.fed.client_table(init[self._gen])
         if self.hp.width_params == "local":
-            self.state["rest"] = init[self._rest].repeat(self.fed.num_clients, 1)
+            self.state["rest"] = self.fed.client_table(init[self._rest])
         if self.hp.decoder_init == "model":  # every client starts from the (decomposed) initial model
             with torch.no_grad():
                 biases = [dec[-1].bias for dec in self.state["hn"]["net"].decoders]

@@ -40,7 +40,7 @@ from bench.provenance import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: the demo's FedAvg cell (conf/demo/table.yaml, pathological column), 10 rounds instead of 40
+#: a small FedAvg run on the embedded 8x8 digits (the earlier demo's pathological cell, 10 rounds instead of 40)
 RUN = ["method=fedavg", "dataset=digits", "model=small_cnn", "partition=pathological", "num_clients=20", "rounds=10",
        "train.epochs=2", "train.batch_size=20", "train.lr=0.05", "train.momentum=0.5", "seed=0", "quiet=true",
        "cache_dir=null", "logger.wandb.mode=disabled"]
@@ -121,8 +121,8 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 def render(meta: dict[str, Any]) -> str:
     rows, cases = meta["summary"], meta["cases"]
     lines = ["# One small run alone and next to a busy process, 1 vs 2 torch threads", "",
-             f"The run: `python -m bench.run {' '.join(meta['run'])} threads=<1|2>` (the demo's FedAvg cell, "
-             "`conf/demo/table.yaml`, with fewer rounds), each time a fresh process and run directory. "
+             f"The run: `python -m bench.run {' '.join(meta['run'])} threads=<1|2>` (a small FedAvg run on "
+             "the embedded digits), each time a fresh process and run directory. "
              f"\"busy\" = {meta['busy']} "
              "pure-Python busy-loop process(es) started 1 s before the run and stopped after it. run s = the "
              "run's own `timing.json` (build, training, evaluation, records); wall s = the whole process "

@@ -6,6 +6,7 @@ through :func:`build_experiment`, so a change in how a run is put together happe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from torch import nn
 import methods  # noqa: F401  (registers every method)
 from bench.core.batched import declares_batched
 from bench.core.capacity import IDEAL, WidthRule, client_capacities, shared_width_rule, unaware_width
+from bench.core.client_state import ClientTables
 from bench.core.data import FederatedData, build_federated_data, load_sources
 from bench.core.engine import (
     METHODS,
@@ -142,9 +144,10 @@ class Experiment:
 
 
 def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
-                     data: FederatedData | None = None) -> Experiment:
+                     data: FederatedData | None = None, client_dir: str | os.PathLike | None = None) -> Experiment:
     """Data (unless given), the full-width worker, a factory of narrower workers, the federation and the
-    method of the resolved config ``cfg``."""
+    method of the resolved config ``cfg``; per-client tables beyond ``client_state.memory_mb`` go to files in
+    ``client_dir`` (``bench.core.client_state``)."""
     device = torch.device(device)
     import_plugins(cfg)
     cls, hp = method_class(cfg)
@@ -173,8 +176,11 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
         check_model_fits(worker, data.images[:2], data.num_classes, cfg)
         check_clients_nonempty({s: data.sizes(s).tolist() for s in EMPTY_SPLIT_FIX}, cls, cfg["partition"]["scheme"])
     factory = WorkerFactory(model_builder(cfg, data.num_classes, data.in_channels, data.image_size, cls, hp), worker)
+    state = cfg.get("client_state") or {}
+    tables = ClientTables(data.num_clients, state.get("memory_mb"), client_dir) \
+        if state.get("memory_mb") is not None else None
     fed = Federation(data.num_clients, data.sizes("train"), worker, cfg["train"], device, int(cfg["seed"]),
-                     data, factory, capacities, shared)
+                     data, factory, capacities, shared, tables)
     return Experiment(cfg, data, fed, cls(fed, hp))
 
 

@@ -45,6 +45,7 @@ from torch import nn
 
 from bench.core.batched import StackedBatch, stacked_sgd
 from bench.core.capacity import WidthRule
+from bench.core.client_state import REF_KEY, ClientTables
 from bench.core.data import ClientData, FederatedData
 from bench.core.flat import FlatModel
 from bench.core.records import RunDir
@@ -93,6 +94,8 @@ class Federation:
     capacities: torch.Tensor = None  # type: ignore[assignment]
     #: the width rule every capacity-aware method of the run follows (``capacity.width_rule``); None: each its own
     width_rule: WidthRule | None = None
+    #: where per-client tables live (``client_state`` config); None: in memory
+    tables: ClientTables | None = None
 
     def __post_init__(self) -> None:
         if self.capacities is None:
@@ -106,6 +109,23 @@ class Federation:
         """(the rule in force, p_i per client): the run's shared rule if it has one, else the method's ``own``."""
         rule = self.width_rule or own
         return rule, rule.widths(self.capacities)
+
+    def client_table(self, row: torch.Tensor) -> torch.Tensor:
+        """A ``[num_clients, row.numel()]`` tensor of per-client state, every row starting as ``row`` (e.g. each
+        client's personal model); in memory, or memory-mapped from a file under the ``client_state`` bound
+        (:mod:`bench.core.client_state`). Use it like any tensor; keep it in ``Method.state``."""
+        if self.tables is None:
+            return row.repeat(self.num_clients, 1)
+        return self.tables.table(row)
+
+    def client_step(self) -> None:
+        """The engine finished with one client (trained or evaluated): bound the file tables' resident pages."""
+        if self.tables is not None:
+            self.tables.step()
+
+    def release_tables(self) -> None:
+        if self.tables is not None:
+            self.tables.release()
 
     def worker_for(self, width: float = 1.0) -> FlatModel:
         """The worker of ``width`` (a multiplier of every hidden width; 1 = the full model), built once."""
@@ -245,13 +265,18 @@ class Method:
 
     def state_dict(self) -> dict[str, Any]:
         """``self.state`` for the checkpoint: tensors and plain values as they are, nested dicts recursively,
-        server-side modules and optimizers as their own state dicts."""
-        return _export_state(self.state)
+        server-side modules and optimizers as their own state dicts, per-client tables kept in files as references
+        to snapshots of those files (:meth:`bench.core.client_state.ClientTables.export`)."""
+        tables = self.fed.tables
+        if tables is None or not tables.files:
+            return _export_state(self.state)
+        with tables.exporting():
+            return _export_state(self.state, tables)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a checkpointed state. Modules and optimizers must already exist in ``self.state`` (create
         them in ``__init__``); their saved states are loaded into them."""
-        self.state = _import_state(self.state, state, self.fed.device)
+        self.state = _import_state(self.state, state, self.fed.device, self.fed.tables)
 
     # --------------------------------------------------------------- helpers
     def local_sgd(
@@ -320,21 +345,28 @@ class Method:
         return (n / n.sum()).to(dtype=torch.float32, device=self.fed.device)
 
 
-def _export_state(node: Any) -> Any:
+def _export_state(node: Any, tables: ClientTables | None = None) -> Any:
     if isinstance(node, nn.Module | torch.optim.Optimizer):
         return node.state_dict()
     if isinstance(node, dict):
-        return {k: _export_state(v) for k, v in node.items()}
+        return {k: _export_state(v, tables) for k, v in node.items()}
+    if tables is not None and tables.is_file(node):
+        return tables.export(node)
     return node
 
 
-def _import_state(current: Any, saved: Any, device: torch.device) -> Any:
+def _import_state(current: Any, saved: Any, device: torch.device, tables: ClientTables | None = None) -> Any:
     if isinstance(current, nn.Module | torch.optim.Optimizer):
         current.load_state_dict(saved)
         return current
+    if isinstance(saved, Mapping) and REF_KEY in saved:
+        if tables is None:
+            raise ValueError("this checkpoint keeps a per-client table in a file: resume it with "
+                             "client_state.memory_mb set (any value), as when it was written")
+        return tables.restore(saved)
     if isinstance(saved, Mapping):
         here = current if isinstance(current, dict) else {}
-        return {k: _import_state(here.get(k), v, device) for k, v in saved.items()}
+        return {k: _import_state(here.get(k), v, device, tables) for k, v in saved.items()}
     return saved.to(device) if torch.is_tensor(saved) else saved
 
 
@@ -541,7 +573,9 @@ class Engine:
             method.upload(task, worker)
             if evaluating and "pre" in method.eval_stages:
                 pre.append(self.evaluate_client(task.cid, "pre", round_, lr))
+            method.fed.client_step()
         method.aggregate(round_, clients)
+        method.fed.release_tables()
         records: list[dict[str, Any]] = [
             {"kind": "train", "round": round_, "clients": clients, "loss": losses,
              "mean_loss": sum(losses) / len(losses), "lr": lr}
@@ -554,7 +588,10 @@ class Engine:
                 records += self.stage_records(round_, "pre", clients, pre)
             if "post" in method.eval_stages:
                 everyone = list(range(self.data.num_clients))
-                post = [self.evaluate_client(cid, "post", round_, lr) for cid in everyone]
+                post = []
+                for cid in everyone:
+                    post.append(self.evaluate_client(cid, "post", round_, lr))
+                    method.fed.client_step()
                 records += self.stage_records(round_, "post", everyone, post)
         return records
 
