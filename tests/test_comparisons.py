@@ -98,7 +98,8 @@ TWO_DATASETS = PER_CLIENT.replace(
 
 
 def test_only_columns_whose_stand_in_measures_the_paper_are_compared_with_it(tmp_path):
-    """scales.<scale>.measures_paper: a column whose stand-in is not declared (B) shows our numbers only: no paper number, sign mark or tau; the caption says which are compared."""
+    """scales.<scale>.measures_paper: a column whose stand-in is not declared (B) shows our numbers only: no paper
+    number, sign mark or tau; the caption says which are compared."""
     spec = load_spec(spec_file(tmp_path, TWO_DATASETS))
     assert unmeasured_columns(spec, "mini") == ["B"]
     assert unmeasured_columns(spec, "paper") == []  # the paper's own data measures its question
