@@ -109,16 +109,17 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
           + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
     if dry_run:
         if precheck:
+            from bench.cost import base_rss, cost_report
+
+            base = base_rss()  # before the dry build reads any data: what a run's process holds besides its work
             report = dry_build(cells, configs)
             print(report.summary(), flush=True)
             if report.problems:
                 raise CellsError(f"{len(report.problems)} of {len(cells)} cells cannot be built:\n"
                                  + "\n".join(f"- {p}" for p in report.problems))
             if cost:
-                from bench.cost import cost_report
-
                 sizes = {cell: report.cell_sizes(configs[cell]) for cell in cells}
-                print(cost_report(cells, configs, sizes, launcher, missing), flush=True)
+                print(cost_report(cells, configs, sizes, launcher, missing, base), flush=True)
         return dirs
     if not missing:
         return dirs

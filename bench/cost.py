@@ -333,11 +333,11 @@ def hours(seconds: float) -> str:
 
 def cost_report(cells: Sequence[Cell], configs: Mapping[Cell, Mapping[str, Any]],
                 sizes: Mapping[Cell, Mapping[str, Sequence[int]] | None], launcher: Mapping[str, Any],
-                pending: Sequence[Cell]) -> str:
+                pending: Sequence[Cell], base: int = 0) -> str:
     """The dry run's cost lines: runs, device-hours and peak memory per run by row, and the launcher's packing.
-    ``pending``: the cells not finished yet (what a launch would run)."""
+    ``pending``: the cells not finished yet (what a launch would run); ``base``: the resident bytes a CPU run's
+    process holds besides its work (:func:`base_rss` before any data is read)."""
     threads = int(launcher.get("cpus_per_task") or 1)
-    base = base_rss()
     estimates: dict[Cell, RunEstimate] = {}
     failed: dict[str, list[Cell]] = defaultdict(list)
     for cell in cells:

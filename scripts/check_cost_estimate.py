@@ -3,10 +3,11 @@
     python scripts/check_cost_estimate.py [--out results/bench/cost_estimate.md] [--work /tmp/cost_check]
 
 For each check below: the estimate exactly as ``python -m bench.table <spec> --dry-run`` computes it (client sizes
-from the partition, calibration from ``cache/cost`` or made now), then the run itself in this process (a fresh run
-directory, one thread), timed in CPU seconds of this process (what the estimate predicts on a core of its own) and
-in wall-clock seconds; error = estimate / measured - 1. The measured time includes loading the data and writing
-the run's files, which the estimate leaves out.
+from the partition, a calibration made now, just before the run, so that both see the same load on a shared
+machine: on 2 cores shared by a dozen processes a core's CPU seconds stretch too), then the run itself in this
+process (a fresh run directory, one thread), timed in CPU seconds of this process (what the estimate predicts on
+a core of its own) and in wall-clock seconds; error = estimate / measured - 1. The measured time includes loading
+the data and writing the run's files, which the estimate leaves out.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def main() -> None:
 
             spec, cell = None, Cell("run", "run", 0, tuple(overrides + extra))
             cfg = to_container(compose_config(cell.overrides))
+        cfg["cache_dir"] = str(work / str(i) / "cache")  # a fresh calibration, under the run's load
         sizes = dry_build([cell], {cell: cfg}).cell_sizes(cfg)
         estimate = estimate_run(cfg, sizes, 1, base)
         cpu0, wall0 = time.process_time(), time.perf_counter()
