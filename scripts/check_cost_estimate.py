@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 #: (label, spec or None, scale, row, column, overrides of a plain run)
 CHECKS = [
-    ("FedCAC Table 2 mini, FedAvg | CIFAR-10 a=0.1, seed 0", "conf/paper/fedcac/table2.yaml", "mini", "FedAvg",
+    ("FedCAC Table 2 mini, FedAvg / CIFAR-10 a=0.1, seed 0", "conf/paper/fedcac/table2.yaml", "mini", "FedAvg",
      "CIFAR-10 a=0.1", []),
-    ("FedCAC Table 2 mini, FedCAC | CIFAR-100 a=0.1, seed 0", "conf/paper/fedcac/table2.yaml", "mini", "FedCAC",
+    ("FedCAC Table 2 mini, FedCAC / CIFAR-100 a=0.1, seed 0", "conf/paper/fedcac/table2.yaml", "mini", "FedCAC",
      "CIFAR-100 a=0.1", []),
     ("Fashion-MNIST, FedAvgCNN, FedAvg, 20 clients x 500, batch 50, 10 rounds (the PFLlib comparison)", None, "", "",
      "", ["dataset=fashion_mnist", "model=cnn_fedavg", "partition=dirichlet", "num_clients=20", "rounds=10",
