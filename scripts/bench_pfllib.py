@@ -171,7 +171,11 @@ def git(args: list[str], cwd: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pfllib", type=Path, help="a checkout of github.com/TsingZ0/PFLlib (holds system/main.py)")
+    parser.add_argument("pfllib", type=Path, nargs="?",
+                        help="a checkout of github.com/TsingZ0/PFLlib (holds system/main.py)")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="write the report from the .json files of earlier invocations (one method each, e.g. "
+                             "run side by side to save time) instead of running anything")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--pfllib-python", default=sys.executable,
@@ -179,6 +183,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench" / "pfllib.md")
     args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        meta = dict(parts[0]["meta"])
+        meta["command"] = " ; ".join(p["meta"]["command"] for p in parts) + " (side by side), then --merge"
+        meta["load_before"] = " / ".join(p["meta"]["load_before"] for p in parts)
+        meta["load_after"] = " / ".join(p["meta"]["load_after"] for p in parts)
+        results = {m: r for p in parts for m, r in p["results"].items()}
+        args.out.write_text(report(results, meta) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        print(f"wrote {args.out}")
+        return
+    if args.pfllib is None:
+        parser.error("give a PFLlib checkout (or --merge)")
     pfllib = args.pfllib.resolve()
     if not (pfllib / "system" / "main.py").is_file():
         raise SystemExit(f"{pfllib} is not a PFLlib checkout: it has no system/main.py")
