@@ -189,9 +189,7 @@ def main() -> None:
         meta["command"] = " ; ".join(p["meta"]["command"] for p in parts) + " (side by side), then --merge"
         meta["load_before"] = " / ".join(p["meta"]["load_before"] for p in parts)
         meta["load_after"] = " / ".join(p["meta"]["load_after"] for p in parts)
-        results = {m: r for p in parts for m, r in p["results"].items()}
-        args.out.write_text(report(results, meta) + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        write(args, {m: r for p in parts for m, r in p["results"].items()}, meta)
         print(f"wrote {args.out}")
         return
     if args.pfllib is None:
@@ -222,9 +220,15 @@ def main() -> None:
             print(f"{method} repeat {rep}: ours {r['ours']['wall'][-1]:.1f} s, PFLlib {r['theirs']['wall'][-1]:.1f} s",
                   flush=True)
         results[method] = r
+        write(args, results, meta_of(args, pfllib, load_before, split_sizes))  # after each method: a partial report
+    print(f"wrote {args.out}")
+
+
+def meta_of(args: argparse.Namespace, pfllib: Path, load_before: tuple[float, ...], split_sizes: dict[str, int]
+            ) -> dict[str, Any]:
     import torch
 
-    meta = {"command": "python scripts/bench_pfllib.py <PFLlib checkout> " + " ".join(
+    return {"command": "python scripts/bench_pfllib.py <PFLlib checkout> " + " ".join(
                 [f"--methods {' '.join(args.methods)}", f"--repeats {args.repeats}"]),
             "pfllib_url": "https://github.com/TsingZ0/PFLlib", "pfllib_commit": git(["rev-parse", "HEAD"], pfllib),
             "pfllib_python": args.pfllib_python, "our_commit": git(["rev-parse", "HEAD"], ROOT),
@@ -234,10 +238,12 @@ def main() -> None:
             "cores": os.cpu_count(), "torch": torch.__version__, "repeats": args.repeats,
             "load_before": " ".join(f"{x:.1f}" for x in load_before),
             "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()), "split_sizes": split_sizes}
+
+
+def write(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, Any]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(results, meta) + "\n")
-    (args.out.with_suffix(".json")).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
