@@ -87,13 +87,13 @@ def set_aside_stale(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]], 
 
 def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[str, Any] | None = None,
               spec: dict[str, Any] | None = None, scale: str = "paper", precheck: bool = True,
-              rerun_stale: bool = False, quiet: bool = False) -> dict[Cell, Path]:
+              rerun_stale: bool = False, quiet: bool = False, cost: bool = False) -> dict[Cell, Path]:
     """Compose and validate every cell first, check the data of the missing ones (``precheck``), then launch
     them, with a :class:`TableProgress` line on a terminal (``quiet``: none). ``rerun_stale``: finished runs
     computed by other code than this tree's are set aside (moved under ``<out_dir>/.stale/``, never deleted) and
     run again. ``dry_run``: launch nothing; with ``precheck``, build every cell's partition (every cell, finished
     or not: :func:`bench.precheck.dry_build`) and raise :class:`CellsError` naming each cell that cannot be
-    built."""
+    built; with ``cost`` too, print the cost estimate of the runs a launch would start (:mod:`bench.cost`)."""
     launcher = launcher or load_launcher("inline")
     configs = {}
     with config_phase(), sharing_compositions():  # the cells' few distinct config-group choices: composed once each
@@ -109,11 +109,17 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
           + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
     if dry_run:
         if precheck:
+            from bench.cost import base_rss, cost_report
+
+            base = base_rss()  # before the dry build reads any data: what a run's process holds besides its work
             report = dry_build(cells, configs)
             print(report.summary(), flush=True)
             if report.problems:
                 raise CellsError(f"{len(report.problems)} of {len(cells)} cells cannot be built:\n"
                                  + "\n".join(f"- {p}" for p in report.problems))
+            if cost:
+                sizes = {cell: report.cell_sizes(configs[cell]) for cell in cells}
+                print(cost_report(cells, configs, sizes, launcher, missing, base), flush=True)
         return dirs
     if not missing:
         return dirs

@@ -107,6 +107,12 @@ class DryBuild:
     built: dict[str, int] = field(default_factory=lambda: {FROM_DATA: 0, FROM_COUNTS: 0})
     problems: list[str] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
+    #: per distinct partition (:func:`_partition_key`): each client's sample count per split (the cost estimate's)
+    sizes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    def cell_sizes(self, cfg: dict[str, Any]) -> dict[str, list[int]] | None:
+        """The client sizes of the partition of the cell config ``cfg`` (None where it was not built)."""
+        return self.sizes.get(_partition_key(cfg))
 
     def summary(self) -> str:
         line = (f"dry build: {self.cells} cells, {sum(self.built.values())} distinct partitions built "
@@ -149,11 +155,14 @@ def dry_build(cells: Sequence[Cell], configs: dict[Cell, dict[str, Any]]) -> Dry
             unchecked.add(_partition_key(cfg))
             return origin
         try:
-            partition_labels(info, str(cfg["dataset"]["name"]), cfg["partition"], num_clients=cfg["num_clients"],
-                             data_seed=int(cfg["data_seed"]), cache_dir=None, accept=partition_check(cfg))
+            partition = partition_labels(info, str(cfg["dataset"]["name"]), cfg["partition"],
+                                         num_clients=cfg["num_clients"], data_seed=int(cfg["data_seed"]),
+                                         cache_dir=None, accept=partition_check(cfg))
         except (OSError, ValueError) as err:  # PartitionError, a partition file that is missing or does not fit
             return f"{err} (labels from {origin})"
         report.built[origin] += 1
+        report.sizes[_partition_key(cfg)] = {s: [len(getattr(c, s)) for c in partition.clients]
+                                             for s in ("train", "val", "test")}
         return None
 
     with sharing_sources():

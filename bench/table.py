@@ -102,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="compose and validate every cell and build its partition for every seed (from the "
                              "data, else from the data sets' official label counts), run nothing; exits 1 naming "
                              "each cell that cannot be built (with --no-precheck: compose and validate only)")
+    parser.add_argument("--no-cost", dest="cost", action="store_false",
+                        help="with --dry-run: skip the cost estimate (runs, device-hours and peak memory per run "
+                             "from a short calibration of each distinct setup, cached under <cache_dir>/cost)")
     parser.add_argument("--rerun-stale", action="store_true",
                         help="rerun finished cells computed by other code than this tree's (they are reused and "
                              "marked by default; the old runs are moved under <out-dir>/.stale/)")
@@ -135,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
     try:
         dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
-                         precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet)
+                         precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet, cost=args.cost)
     except CellsError as err:  # every cell that cannot run or be built, each named: the whole list, not a summary
         print(err, file=sys.stderr, flush=True)
         return 1

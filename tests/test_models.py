@@ -424,3 +424,34 @@ def test_every_pooling_model_trains_to_the_same_bits_as_with_torchs_max_pool():
             assert torch.equal(p, q), name
         with torch.no_grad():
             assert torch.equal(ours(x), stock(x)), name
+
+
+@pytest.mark.parametrize("kind", ["ties", "signed_zeros", "nan", "negative"])
+@pytest.mark.parametrize("settings", [(2,), (3, 2, 1)])
+def test_body_pools_before_the_relu_with_the_same_bits_and_gradients(kind, settings):
+    """Body runs a ReLU followed by a MaxPool2d as pool then ReLU: values, signs of zeros, NaNs and the input's
+    gradient are those of the layers in their listed order (windows of ties, of signed zeros only, with NaNs, of
+    non-positive values only); a hook on either layer keeps the listed order."""
+    from bench.core.models import Body, MaxPool2d
+
+    torch.manual_seed(0)
+    shape = (4, 3, 9, 10)
+    x = {"ties": torch.randint(-2, 3, shape).float(), "signed_zeros": torch.where(torch.rand(shape) < 0.5, -0.0, 0.0),
+         "nan": torch.randn(shape), "negative": -torch.rand(shape)}[kind]
+    if kind == "nan":
+        x[torch.rand(shape) < 0.1] = float("nan")
+    grad = torch.randn(x.shape[0], x.shape[1], *MaxPool2d(*settings)(x[:1]).shape[2:])
+    grad[grad.abs() < 0.3] = -0.0  # gradients of -0.0 too
+    body, listed = Body(nn.ReLU(inplace=True), MaxPool2d(*settings)), nn.Sequential(nn.ReLU(), MaxPool2d(*settings))
+    results = []
+    for model in (body, listed):
+        a = x.clone().requires_grad_()
+        out = model(a * 1)
+        out.backward(grad)
+        results.append((out.detach(), a.grad))
+    for ours, ref in zip(*results, strict=True):
+        assert torch.equal(ours.view(torch.int32), ref.view(torch.int32))  # bit patterns, NaN and -0.0 too
+    seen = []
+    body[0].register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    body(x.clone())
+    assert seen == [x.shape]  # the ReLU saw the pool's input: the listed order

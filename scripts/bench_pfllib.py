@@ -1,0 +1,250 @@
+"""Seconds per run, ours against PFLlib's own code, on the same split, model, optimiser and machine.
+
+    python scripts/bench_pfllib.py /path/to/PFLlib [--methods fedavg fedcac] [--repeats 2]
+                                   [--pfllib-python /tmp/pfllib-venv/bin/python] [--out results/bench/pfllib.md]
+
+The workload: Fashion-MNIST, 20 clients (our Dirichlet split, alpha 0.1, 500 training and 100 test images per
+client), PFLlib's 582k-parameter FedAvgCNN (ours: ``model=cnn_fedavg``), SGD lr 0.01, batch 50, one local epoch,
+10 rounds of local training, every client every round, one thread, on the CPU. Each side runs as a whole process
+(start-up, data, training, evaluation, records), timed from outside; the sides alternate, ``--repeats`` times.
+
+Our split goes to PFLlib as its own data format: ``python -m bench.partition export`` writes the first run's
+partition (indices into the official splits), and this script writes each client's images and labels, as our pool
+holds them (float32 in [0, 1], 1 x 28 x 28), to ``<PFLlib>/dataset/FMNIST-pflrepro/{train,test}/<client>.npz``.
+PFLlib's ``main.py`` runs unchanged from ``<PFLlib>/system`` with ``torch.set_num_threads(1)`` set before it starts.
+Their code is not part of this repository; the report names the commit it ran.
+
+Per round PFLlib evaluates before training (``-gr R`` trains R + 1 rounds), so it runs with ``-gr 9``: 10 rounds
+of local training like ours, its last evaluation after 9 of them. Evaluation work differs by design: PFLlib
+evaluates every client's test data and makes a forward pass over every client's training data per round; we
+evaluate every client's test data after local training and after aggregation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DATASET = "FMNIST-pflrepro"  # PFLlib picks FedAvgCNN's 1024 input features for names containing "MNIST"
+ROUNDS, CLIENTS, LR, BATCH, EPOCHS = 10, 20, 0.01, 50, 1
+OURS = ["dataset=fashion_mnist", "model=cnn_fedavg", "partition=dirichlet", f"num_clients={CLIENTS}",
+        f"rounds={ROUNDS}", f"train.lr={LR}", f"train.batch_size={BATCH}", f"train.epochs={EPOCHS}", "seed=0",
+        "threads=1", "quiet=true"]
+#: each method as ours names it (with its hyperparameters) and as PFLlib's main.py does (same values)
+METHODS = {
+    "fedavg": (["method=fedavg"], ["-algo", "FedAvg"]),
+    "fedcac": (["method=fedcac", "method.tau=0.5", "method.beta=100"],
+               ["-algo", "FedCAC", "-tau", "0.5", "-bt", "100"]),
+}
+THEIRS = ["-data", DATASET, "-ncl", "10", "-m", "CNN", "-dev", "cpu", "-nc", str(CLIENTS), "-jr", "1",
+          "-lbs", str(BATCH), "-lr", str(LR), "-ls", str(EPOCHS), "-gr", str(ROUNDS - 1), "-eg", "1", "-t", "1"]
+#: runs PFLlib's main.py as ``python main.py ...`` would, with one torch thread
+WRAP = ("import runpy, sys, torch; torch.set_num_threads(1); sys.argv = ['main.py'] + sys.argv[1:]; "
+        "runpy.run_path('main.py', run_name='__main__')")
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def timed(cmd: list[str], cwd: Path, log: Path) -> dict[str, Any]:
+    """Run ``cmd`` to completion; its wall-clock and CPU seconds (user + system of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed with status {proc.returncode}; see {log}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": wall, "cpu": cpu}
+
+
+def run_ours(method: str, out_dir: Path, cache: Path, log: Path) -> tuple[dict[str, Any], Path]:
+    cmd = [sys.executable, "-m", "bench.run", *OURS, *METHODS[method][0], f"out_dir={out_dir}",
+           f"cache_dir={cache}"]
+    times = timed(cmd, ROOT, log)
+    (run_dir,) = [p.parent for p in out_dir.rglob("summary.json")]
+    return times, run_dir
+
+
+def our_accuracies(run_dir: Path) -> dict[str, float]:
+    """Mean test accuracy over clients (each holds 100 test images, so weighted = unweighted) per stage at rounds
+    9 and 10."""
+    out = {}
+    for line in (run_dir / "rounds.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "eval" and rec["split"] == "test" and rec["round"] in (ROUNDS - 1, ROUNDS):
+            out[f"{rec['stage']} r{rec['round']}"] = statistics.fmean(rec["acc"])
+    return out
+
+
+def export_split(run_dir: Path, pfllib: Path, work: Path) -> dict[str, int]:
+    """Write the run's split in PFLlib's format (one ``{"data": {"x", "y"}}`` npz per client and split)."""
+    import numpy as np
+
+    from bench.core.data import load_sources
+    from bench.partition import export, load_run_config
+
+    path = export(run_dir, work / "partition.json", "json")
+    clients = json.loads(path.read_text())["clients"]
+    conf = load_run_config(run_dir)
+    train, test = load_sources(conf["dataset"], conf.get("data_root"))
+    images = {"train": train[0].images.numpy(), "test": test[0].images.numpy()}
+    labels = {"train": train[0].labels.numpy(), "test": test[0].labels.numpy()}
+    root = pfllib / "dataset" / DATASET
+    shutil.rmtree(root, ignore_errors=True)
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True)
+        for cid, client in enumerate(clients):
+            idx = np.asarray(client[split], dtype=np.int64)
+            data = {"x": images[split][idx].astype(np.float32), "y": labels[split][idx].astype(np.int64)}
+            np.savez_compressed(root / split / f"{cid}.npz", data=data)
+    return {split: sum(len(c[split]) for c in clients) for split in ("train", "test")}
+
+
+def their_accuracy(log: Path) -> float:
+    found = re.findall(r"Averaged Test Accuracy: ([0-9.]+)", log.read_text())
+    if not found:
+        raise SystemExit(f"no test accuracy in {log}")
+    return 100 * float(found[-1])
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = ["# Seconds per run: ours vs PFLlib", "",
+             "Written by `python scripts/bench_pfllib.py` (command below); PFLlib's code is not in this repository.",
+             "", f"- command: `{meta['command']}`",
+             f"- PFLlib: {meta['pfllib_url']} at commit `{meta['pfllib_commit']}`, `system/main.py` unchanged, "
+             f"run by `{meta['pfllib_python']}` with `torch.set_num_threads(1)`",
+             f"- ours: commit `{meta['our_commit']}`{' (with uncommitted changes)' if meta['dirty'] else ''}",
+             f"- machine: {meta['cpu']}, {meta['cores']} cores, torch {meta['torch']}; load average "
+             f"{meta['load_before']} before, {meta['load_after']} after (a shared machine: wall-clock seconds "
+             "include waiting for a core; CPU seconds do not)",
+             f"- data: Fashion-MNIST, our Dirichlet split (alpha 0.1, data seed 0), {CLIENTS} clients, "
+             f"{meta['split_sizes']['train']} training and {meta['split_sizes']['test']} test images in all "
+             "(500 and 100 per client), exported with `bench.partition export` and written in PFLlib's format",
+             f"- training: FedAvgCNN (582,026 parameters), SGD lr {LR}, batch {BATCH}, {EPOCHS} local epoch, "
+             f"{ROUNDS} rounds of local training, every client every round, 1 thread (`OMP_NUM_THREADS=1`), CPU",
+             f"- ours: `python -m bench.run {' '.join(OURS)} <method>` (W&B offline, as by default)",
+             f"- PFLlib: `python main.py {' '.join(THEIRS)} <method>` (`-gr {ROUNDS - 1}`: it trains R + 1 rounds, "
+             f"evaluating before each, so its last evaluation follows {ROUNDS - 1} rounds of training)",
+             f"- each side {meta['repeats']} times, alternating; whole process timed from outside", ""]
+    for method, r in results.items():
+        ours_wall, theirs_wall = median(r["ours"]["wall"]), median(r["theirs"]["wall"])
+        ours_cpu, theirs_cpu = median(r["ours"]["cpu"]), median(r["theirs"]["cpu"])
+        lines += [f"## {method} ({' '.join(METHODS[method][0])} / {' '.join(METHODS[method][1])})", "",
+                  "| | wall s (each run) | median wall s | CPU s (each run) | median CPU s |",
+                  "|---|---|---|---|---|",
+                  f"| ours | {' / '.join(f'{x:.1f}' for x in r['ours']['wall'])} | {ours_wall:.1f} | "
+                  f"{' / '.join(f'{x:.1f}' for x in r['ours']['cpu'])} | {ours_cpu:.1f} |",
+                  f"| PFLlib | {' / '.join(f'{x:.1f}' for x in r['theirs']['wall'])} | {theirs_wall:.1f} | "
+                  f"{' / '.join(f'{x:.1f}' for x in r['theirs']['cpu'])} | {theirs_cpu:.1f} |",
+                  f"| PFLlib / ours | | **{theirs_wall / ours_wall:.2f}x** | | **{theirs_cpu / ours_cpu:.2f}x** |",
+                  "", "Test accuracy (mean over clients, %): ours "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["ours_acc"].items())
+                  + f"; PFLlib at its last evaluation (after {ROUNDS - 1} rounds) {r['theirs_acc']:.2f}. "
+                  "The two sides draw different initial weights and batches, so accuracies agree only roughly.",
+                  ""]
+    return "\n".join(lines)
+
+
+def git(args: list[str], cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pfllib", type=Path, nargs="?",
+                        help="a checkout of github.com/TsingZ0/PFLlib (holds system/main.py)")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="write the report from the .json files of earlier invocations (one method each, e.g. "
+                             "run side by side to save time) instead of running anything")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--pfllib-python", default=sys.executable,
+                        help="the Python that runs PFLlib (it needs h5py, scikit-learn, torchvision)")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench" / "pfllib.md")
+    args = parser.parse_args()
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        meta = dict(parts[0]["meta"])
+        meta["command"] = " ; ".join(p["meta"]["command"] for p in parts) + " (side by side), then --merge"
+        meta["load_before"] = " / ".join(p["meta"]["load_before"] for p in parts)
+        meta["load_after"] = " / ".join(p["meta"]["load_after"] for p in parts)
+        write(args, {m: r for p in parts for m, r in p["results"].items()}, meta)
+        print(f"wrote {args.out}")
+        return
+    if args.pfllib is None:
+        parser.error("give a PFLlib checkout (or --merge)")
+    pfllib = args.pfllib.resolve()
+    if not (pfllib / "system" / "main.py").is_file():
+        raise SystemExit(f"{pfllib} is not a PFLlib checkout: it has no system/main.py")
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_pfllib_"))
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {}
+    split_sizes: dict[str, int] = {}
+    for method in args.methods:
+        r: dict[str, Any] = {"ours": {"wall": [], "cpu": []}, "theirs": {"wall": [], "cpu": []}}
+        for rep in range(args.repeats):
+            times, run_dir = run_ours(method, work / f"ours-{method}-{rep}", cache, work / f"ours-{method}-{rep}.log")
+            for k in ("wall", "cpu"):
+                r["ours"][k].append(times[k])
+            r["ours_acc"] = our_accuracies(run_dir)
+            if not split_sizes:
+                split_sizes = export_split(run_dir, pfllib, work)
+            log = work / f"pfllib-{method}-{rep}.log"
+            times = timed([args.pfllib_python, "-c", WRAP, *THEIRS, *METHODS[method][1]], pfllib / "system", log)
+            for k in ("wall", "cpu"):
+                r["theirs"][k].append(times[k])
+            r["theirs_acc"] = their_accuracy(log)
+            print(f"{method} repeat {rep}: ours {r['ours']['wall'][-1]:.1f} s, PFLlib {r['theirs']['wall'][-1]:.1f} s",
+                  flush=True)
+        results[method] = r
+        write(args, results, meta_of(args, pfllib, load_before, split_sizes))  # after each method: a partial report
+    print(f"wrote {args.out}")
+
+
+def meta_of(args: argparse.Namespace, pfllib: Path, load_before: tuple[float, ...], split_sizes: dict[str, int]
+            ) -> dict[str, Any]:
+    import torch
+
+    return {"command": "python scripts/bench_pfllib.py <PFLlib checkout> " + " ".join(
+                [f"--methods {' '.join(args.methods)}", f"--repeats {args.repeats}"]),
+            "pfllib_url": "https://github.com/TsingZ0/PFLlib", "pfllib_commit": git(["rev-parse", "HEAD"], pfllib),
+            "pfllib_python": args.pfllib_python, "our_commit": git(["rev-parse", "HEAD"], ROOT),
+            "dirty": bool(git(["status", "--porcelain", "--untracked-files=no"], ROOT)),
+            "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                         if ln.startswith("model name")), platform.processor()),
+            "cores": os.cpu_count(), "torch": torch.__version__, "repeats": args.repeats,
+            "load_before": " ".join(f"{x:.1f}" for x in load_before),
+            "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()), "split_sizes": split_sizes}
+
+
+def write(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, Any]) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report(results, meta) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
