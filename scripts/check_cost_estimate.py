@@ -31,6 +31,12 @@ CHECKS = [
     ("Fashion-MNIST, FedAvgCNN, FedAvg, 20 clients x 500, batch 50, 10 rounds (the PFLlib comparison)", None, "", "",
      "", ["dataset=fashion_mnist", "model=cnn_fedavg", "partition=dirichlet", "num_clients=20", "rounds=10",
           "train.lr=0.01", "train.batch_size=50", "method=fedavg", "seed=0"]),
+    ("FedCAC's paper round shape: ResNet-8, CIFAR-10-shaped synthetic images, 20 clients x 500, batch 100, E=5, "
+     "3 rounds", None, "", "", "",
+     ["dataset=synthetic", "dataset.options.num_channels=3", "dataset.options.size=32",
+      "dataset.options.num_classes=10", "dataset.options.num_train=12000", "model=resnet8", "partition=dirichlet",
+      "partition.alpha=0.1", "partition.n_train=500", "partition.n_test=100", "num_clients=20", "rounds=3",
+      "train.batch_size=100", "train.epochs=5", "train.lr=0.1", "train.momentum=0.9", "method=fedcac", "seed=0"]),
 ]
 
 
@@ -47,7 +53,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench" / "cost_estimate.md")
     parser.add_argument("--work", type=Path, help="scratch folder for the runs (default: a new temporary one)")
     parser.add_argument("--only", type=int, nargs="+", help="indices of the checks to run (default: all)")
+    parser.add_argument("--device", default="cpu", help="cpu (compared in CPU seconds) or cuda (in wall seconds)")
     args = parser.parse_args()
+    on_gpu = args.device.startswith("cuda")
     work = args.work or Path(tempfile.mkdtemp(prefix="cost_check_"))
     torch.set_num_threads(1)
     base = base_rss()
@@ -55,7 +63,8 @@ def main() -> None:
     for i, (label, spec_path, scale, row, column, overrides) in enumerate(CHECKS):
         if args.only and i not in args.only:
             continue
-        extra = [f"out_dir={work / str(i)}", "threads=1", "quiet=true", "logger.wandb.mode=disabled"]
+        extra = [f"out_dir={work / str(i)}", "threads=1", "quiet=true", "logger.wandb.mode=disabled",
+                 f"device={args.device}"]
         if spec_path:
             spec = load_spec(ROOT / spec_path)
             (cell,) = [c for c in expand(spec, scale, [0], str(work / str(i)), extra)
@@ -73,18 +82,22 @@ def main() -> None:
         execute(cfg)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         rows.append((label, estimate.seconds, cpu, wall, estimate.calibration.step_s, estimate.peak_bytes))
+        measured = wall if on_gpu else cpu
         print(f"{label}: estimate {estimate.seconds:.1f} s, measured {cpu:.1f} CPU s / {wall:.1f} wall s "
-              f"({estimate.seconds / cpu - 1:+.0%})", flush=True)
-    lines = ["# Cost estimate vs measured runs (CPU, 1 thread)", "",
-             f"`python scripts/check_cost_estimate.py` on {os.uname().nodename}'s CPU "
-             f"({__import__('bench.provenance', fromlist=['cpu_name']).cpu_name()}), torch {torch.__version__}; "
-             f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (a shared machine: CPU seconds "
-             "are the comparison, wall-clock seconds include waiting for a core).", "",
+              f"({estimate.seconds / measured - 1:+.0%})", flush=True)
+    where = (f"{torch.cuda.get_device_name()} (wall-clock seconds are the comparison)" if on_gpu else
+             f"{os.uname().nodename}'s CPU ({__import__('bench.provenance', fromlist=['cpu_name']).cpu_name()}), "
+             f"1 thread; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (a shared "
+             "machine: CPU seconds are the comparison, wall-clock seconds include waiting for a core)")
+    lines = [f"# Cost estimate vs measured runs ({'GPU' if on_gpu else 'CPU, 1 thread'})", "",
+             f"`python scripts/check_cost_estimate.py --device {args.device}` on {where}, torch {torch.__version__}.",
+             "",
              "| run | estimate s | measured CPU s | error | measured wall s | calibrated s/step | est. peak memory |",
              "|---|---|---|---|---|---|---|"]
     for label, est, cpu, wall, step, peak in rows:
-        lines.append(f"| {label} | {est:.1f} | {cpu:.1f} | {est / cpu - 1:+.0%} | {wall:.1f} | {step * 1000:.2f} ms | "
-                     f"{peak / 2**30:.2f} GiB |")
+        measured = wall if on_gpu else cpu
+        lines.append(f"| {label} | {est:.1f} | {cpu:.1f} | {est / measured - 1:+.0%} | {wall:.1f} | "
+                     f"{step * 1000:.2f} ms | {peak / 2**30:.2f} GiB |")
     lines += ["", "The estimate counts training and evaluation only; the measured time also holds loading the "
               "data, building the partition and writing the run's records (not start-up: the run executes in "
               "this script's process)."]
