@@ -14,8 +14,10 @@ the run's *semantic* config (sorted-key JSON). Every key of the config is classi
 A key in none of these lists is refused (:class:`UnclassifiedKey`, a configuration error naming the key and the
 fix) instead of silently entering or leaving the hash: a new key of ``conf/config.yaml`` moves no existing run
 until someone decides which list it belongs to (``tests/test_identity.py`` checks that every key of
-``conf/config.yaml`` is classified). A new key inside an open section (a new hyperparameter of a method) goes to
-:data:`ADDED` with its neutral value, unless its default is meant to change that method's runs.
+``conf/config.yaml`` is classified). Inside an open section, :data:`GROUP_KEYS` lists the keys each option's file
+declared at version 1; a new one (a method's new hyperparameter) is refused by the same test until it goes to
+:data:`ADDED` with its neutral value, or to :data:`GROUP_KEYS` when its default is meant to move that option's
+runs.
 
 :data:`IDENTITY_VERSION` names this rule. Version 1 is the hash every committed run was named by (every key
 except the non-semantic ones and the added ones at their neutral values); a change of which keys enter, or of
@@ -70,6 +72,125 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }
+
+
+#: the keys each file of an open section declared (``conf/<section>/<option>.yaml``, ``defaults`` aside) when identity
+#: version 1 was fixed. A file's key beyond these (a method's new hyperparameter, a new method's file) is refused by
+#: :func:`unlisted_group_keys` (checked by ``tests/test_identity.py``) until it goes to ADDED with the value at which
+#: it changes nothing, or here, deliberately moving that option's runs
+GROUP_KEYS: dict[str, str] = {
+    "dataset/cifar10": ("name source image_size channels download train_transform test_transform n_train_per_client "
+                        "n_test_per_client"),
+    "dataset/cifar100": ("name source image_size channels download train_transform test_transform n_train_per_client "
+                         "n_test_per_client"),
+    "dataset/digit5": ("name domains image_size channels options.max_test_per_class train_transform test_transform "
+                       "n_train_per_client n_test_per_client"),
+    "dataset/digit5_standin": ("name domains image_size channels options.size options.train_per_class "
+                               "options.test_per_class options.cache_dir train_transform test_transform "
+                               "n_train_per_client n_test_per_client"),
+    "dataset/digit5_standin4": ("name domains image_size channels options.size options.train_per_class "
+                                "options.test_per_class options.cache_dir train_transform test_transform "
+                                "n_train_per_client n_test_per_client"),
+    "dataset/digits": ("name source image_size channels train_transform test_transform n_train_per_client "
+                       "n_test_per_client"),
+    "dataset/fashion_mnist": ("name source image_size channels train_transform test_transform n_train_per_client "
+                              "n_test_per_client"),
+    "dataset/mnist": ("name source image_size channels download train_transform test_transform n_train_per_client "
+                      "n_test_per_client"),
+    "dataset/mnist5k": ("name source image_size channels train_transform test_transform n_train_per_client "
+                        "n_test_per_client"),
+    "dataset/office10": ("name domains image_size channels options.size train_transform test_transform "
+                         "n_train_per_client n_test_per_client"),
+    "dataset/office10_standin": ("name domains image_size channels options.size options.train_per_class "
+                                 "options.test_per_class options.cache_dir train_transform test_transform "
+                                 "n_train_per_client n_test_per_client"),
+    "dataset/svhn": ("name source image_size channels download train_transform test_transform n_train_per_client "
+                     "n_test_per_client"),
+    "dataset/synthetic": ("name source image_size channels options.num_train options.num_test options.num_classes "
+                          "options.num_channels options.size options.noise options.seed train_transform test_transform "
+                          "n_train_per_client n_test_per_client"),
+    "dataset/tiny_imagenet": ("name source image_size channels train_transform test_transform n_train_per_client "
+                              "n_test_per_client"),
+    "dataset/usps": ("name source image_size channels download train_transform test_transform n_train_per_client "
+                     "n_test_per_client"),
+    "model/cnn_cifar100": "name width options pretrained",
+    "model/cnn_fedavg": "name width options.norm pretrained",
+    "model/cnn_fmnist": "name width options pretrained",
+    "model/lenet64": "name width options pretrained",
+    "model/resnet10": "name width options pretrained",
+    "model/resnet18": "name width options.norm options.gn_groups pretrained",
+    "model/resnet18_gn": "name width options.norm options.gn_groups pretrained",
+    "model/resnet8": "name width options pretrained",
+    "model/small_cnn": "name width options.channels options.hidden options.norm pretrained",
+    "partition/classes_per_client": "scheme k test_mode test_fraction val_fraction",
+    "partition/dirichlet": "scheme alpha n_train n_test prior overlap val_fraction",
+    "partition/dirichlet_hsu": "scheme alpha min_size max_retries test_mode test_fraction val_fraction",
+    "partition/domain": "scheme clients_per_domain train_per_class test_per_class val_fraction",
+    "partition/from_file": "scheme path sha256 dataset_name val_fraction",
+    "partition/iid": "scheme test_mode test_fraction val_fraction",
+    "partition/pathological": "scheme classes_per_client n_train n_test overlap val_fraction",
+    "partition/shards": "scheme shards_per_client num_users train_per_class test_per_class val_fraction",
+    "method/ditto": "name lam personal_epochs",
+    "method/fedalt": "name alt_epochs alt_schedule",
+    "method/fedamp": "name alpha_k lam sigma start",
+    "method/fedavg": "name",
+    "method/fedbabu": "name finetune_epochs finetune_part",
+    "method/fedbn": "name",
+    "method/fedc2i": "name gamma extractor classifier class_features batch_size",
+    "method/fedcac": "name tau beta selection collaboration top_k noncritical overlap bn_stats overlap_matrix_every",
+    "method/fedper": "name",
+    "method/fedproto": "name lam penalty weighting prototypes prediction",
+    "method/fedprox": "name mu",
+    "method/fedrep": "name head_epochs body_epochs",
+    "method/fedrod": "name personal_init",
+    "method/fedrolex": "name width_rule width_step scaler static_bn",
+    "method/fedselect": ("name p ltn_iters ltn_epochs fraction ltn_return maskable ranking alt_epochs alt_schedule "
+                         "weighting bn_stats unsampled"),
+    "method/fedselect_cvpr": ("name grow_every grow_rate target maskable ranking alt_epochs alt_schedule weighting "
+                              "bn_stats unsampled"),
+    "method/fjord": "name width_rule width_step sample_widths distill distill_weight temperature scaler static_bn",
+    "method/flanc": "name lam basis_ratio basis_width width_step",
+    "method/heterofl": "name width_rule width_step scaler static_bn label_mask",
+    "method/lgfedavg": "name global_layers",
+    "method/local": "name",
+    "method/lotteryfl": "name acc_threshold prune_step prune_target rewind prune_split maskable ranking",
+    "method/pa3dfl": ("name lam hn_lr hn_momentum embed_dim hidden_dim encoder_depth rank_width rank_scale width_step "
+                      "tau_init embed_std init_entropy decoder_init hn_clip orth_reduction detach_local width_params "
+                      "fusion_steps fusion_space ties_to_global decomposition basis_ratio personal_aggregation "
+                      "federation.capacity federation.num_clients federation.data_seed"),
+    "method/perfedmask": "name budget freeze_head finetune_epochs finetune_momentum finetune_weight_decay",
+    "method/pfedgate": "name sparsity blocks_per_tensor gate_lr gate_clip gate_pool gate_bias",
+    "method/pfedhn": ("name embed_dim hidden_dim hidden_layers lr momentum weight_decay outer_clip inner_lr "
+                      "inner_momentum inner_weight_decay inner_clip inner_steps personal_classifier"),
+    "method/tailorfl": "name lam alpha deep_fraction tune_every width_step scale",
+}
+
+
+def _flat_keys(node: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for name, value in node.items():
+        if isinstance(value, Mapping) and value:
+            out += _flat_keys(value, f"{prefix}{name}.")
+        elif name != "defaults" or prefix:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def unlisted_group_keys(conf_dir: str | Path) -> list[str]:
+    """``<file>: <key>`` for every key a config group file of an open section declares that neither
+    :data:`GROUP_KEYS` lists for that file nor :data:`ADDED` or :data:`NON_SEMANTIC` classify: a key that would
+    move every existing run of that option (empty when every key is accounted for)."""
+    import yaml
+
+    out = []
+    for section in sorted(OPEN_SECTIONS):
+        for path in sorted(Path(conf_dir, section).glob("*.yaml")):
+            listed = set(GROUP_KEYS.get(f"{section}/{path.stem}", "").split())
+            for key in _flat_keys(yaml.safe_load(path.read_text()) or {}):
+                dotted = f"{section}.{key}"
+                if key not in listed and dotted not in ADDED and dotted not in NON_SEMANTIC:
+                    out.append(f"{path}: {key}")
+    return out
 
 
 class UnclassifiedKey(ValueError):

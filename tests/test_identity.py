@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bench import identity
-from bench.identity import UnclassifiedKey, config_hash, run_dir_for, semantic_config
+from bench.identity import UnclassifiedKey, config_hash, run_dir_for, semantic_config, unlisted_group_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,22 @@ def test_every_key_of_the_base_config_is_classified():
     base = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())
     base.pop("defaults")
     semantic_config(base)  # raises UnclassifiedKey naming the first key in no list
+
+
+def test_every_config_group_file_lists_its_keys():
+    assert unlisted_group_keys(ROOT / "conf") == []
+
+
+def test_a_new_hyperparameter_or_method_is_refused_until_classified(tmp_path, monkeypatch):
+    (tmp_path / "method").mkdir()
+    fedavg = tmp_path / "method" / "fedavg.yaml"
+    fedavg.write_text((ROOT / "conf" / "method" / "fedavg.yaml").read_text() + "new_knob: 3\n")
+    (tmp_path / "method" / "brand_new.yaml").write_text("name: brand_new\nrate: 0.1\n")
+    assert unlisted_group_keys(tmp_path) == [f"{tmp_path / 'method' / 'brand_new.yaml'}: {key}"
+                                             for key in ("name", "rate")] + [f"{fedavg}: new_knob"]
+    monkeypatch.setitem(identity.ADDED, "method.new_knob", lambda value: value == 3)
+    monkeypatch.setitem(identity.GROUP_KEYS, "method/brand_new", "name rate")
+    assert unlisted_group_keys(tmp_path) == []
 
 
 @pytest.mark.parametrize("where", ["", "train.", "eval."])
