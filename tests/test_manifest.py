@@ -97,3 +97,12 @@ def test_a_table_run_writes_the_manifest_that_collect_reads(tmp_path, monkeypatc
     monkeypatch.setattr(manifest, "composed_dir", refuse)
     collect_main([str(spec_path), *options])
     assert (tmp_path / "results/fedcac/table1.md").read_bytes() == table
+
+
+def test_reading_a_manifest_needs_neither_torch_nor_the_methods():
+    import subprocess
+    import sys
+
+    code = ("import sys, bench.manifest; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'methods')); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, check=True)
