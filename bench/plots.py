@@ -87,11 +87,11 @@ def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str
     from bench.spec import expand, load_spec
 
     spec = load_spec(spec_path)
-    cells = [cell for cell in expand(spec, scale, out_dir=out_dir)
-             if cell.row == row and column in (None, cell.column) and seed in (None, cell.seed)]
-    for run in cell_dirs(spec, scale, cells, results_dir).values():
-        if RunDir(run).is_complete():
-            return run
+    for cell in expand(spec, scale, out_dir=out_dir):
+        if cell.row == row and column in (None, cell.column) and seed in (None, cell.seed):
+            run = cell_dirs(spec, scale, [cell], results_dir)[cell]  # one at a time: the first finished one ends it
+            if RunDir(run).is_complete():
+                return run
     return None
 
 
