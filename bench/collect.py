@@ -377,9 +377,9 @@ def run_imports(path: Path) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from bench.manifest import cell_dirs
     from bench.render import write_table
-    from bench.run import run_dir_for
-    from bench.spec import SCALES, cell_config, expand, load_spec
+    from bench.spec import SCALES, expand, load_spec
     from bench.tuning import with_tuned
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for path in args.spec:
         spec = with_tuned(load_spec(path), args.scale, args.results)  # the rows' searched values, as the table ran
         cells = expand(spec, args.scale, args.seeds, args.out_dir)
-        dirs = {cell: run_dir_for(cell_config(cell)) for cell in cells}
+        dirs = cell_dirs(spec, args.scale, cells, args.results)  # the table's manifest, else composed
         frame, problems = collect(spec, args.scale, dirs)
         averaged = int(frame[frame["column"].isin([c["name"] for c in spec["columns"]])]["seeds"].sum())
         print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)} "

@@ -189,7 +189,7 @@ def follow_parent(parent: str, every: float = 0.5) -> None:
 # ------------------------------------------------------------------------------------------------ worker pool
 def run_log(log_dir: Path, cfg: Mapping[str, Any]) -> Path:
     """Where a pool worker writes the output of the run of ``cfg``: named after its run directory."""
-    from bench.run import run_dir_for
+    from bench.identity import run_dir_for
 
     return log_dir / f"{cfg['method']['name']}--{run_dir_for(cfg).name}.log"
 

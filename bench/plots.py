@@ -79,15 +79,17 @@ def heatmap(ax: plt.Axes, matrix: Sequence[Sequence[float]], labels: Sequence[st
 
 
 def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str | None = None, seed: int | None = None,
-                 out_dir: str = "runs") -> Path | None:
-    """The run directory of one finished cell of a table spec (first column / seed when not given), or None."""
+                 out_dir: str = "runs", results_dir: str = "results") -> Path | None:
+    """The run directory of one finished cell of a table spec (first column / seed when not given), or None; from
+    the table's manifest where it lists the cell (:func:`bench.manifest.cell_dirs`)."""
     from bench.core.records import RunDir
-    from bench.run import run_dir_for
-    from bench.spec import cell_config, expand, load_spec
+    from bench.manifest import cell_dirs
+    from bench.spec import expand, load_spec
 
-    for cell in expand(load_spec(spec_path), scale, out_dir=out_dir):
+    spec = load_spec(spec_path)
+    for cell in expand(spec, scale, out_dir=out_dir):
         if cell.row == row and column in (None, cell.column) and seed in (None, cell.seed):
-            run = run_dir_for(cell_config(cell))
+            run = cell_dirs(spec, scale, [cell], results_dir)[cell]  # one at a time: the first finished one ends it
             if RunDir(run).is_complete():
                 return run
     return None
@@ -106,14 +108,14 @@ def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs"
 def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results_dir: str = "results",
                 seeds: Sequence[int] | None = None, extra: Sequence[str] = ()) -> list[Path]:
     """Learning curves of a loaded table spec's finished runs (its cells with ``seeds`` and ``extra`` overrides, as
-    :func:`bench.spec.expand` takes them), one figure per column, under ``<results_dir>/<paper>/figures/curves/``."""
+    :func:`bench.spec.expand` takes them; their directories from the table's manifest where it lists them), one figure
+    per column, under ``<results_dir>/<paper>/figures/curves/``."""
     from bench.core.records import RunDir
-    from bench.run import run_dir_for
-    from bench.spec import cell_config, expand, label, output_base, slug
+    from bench.manifest import cell_dirs
+    from bench.spec import expand, label, output_base, slug
 
     groups: dict[str, dict[str, list[Path]]] = {}
-    for cell in expand(spec, scale, seeds, out_dir, extra):
-        run = run_dir_for(cell_config(cell))
+    for cell, run in cell_dirs(spec, scale, expand(spec, scale, seeds, out_dir, extra), results_dir).items():
         if RunDir(run).is_complete():
             groups.setdefault(cell.column, {}).setdefault(cell.row, []).append(run)
     paths: list[Path] = []

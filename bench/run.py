@@ -1,14 +1,13 @@
 """Run one experiment from a config: ``python -m bench.run method=fedavg dataset=digits seed=0``.
 
 Hydra composes the config from ``conf/``; multirun (``-m seed=0,1,2 method=fedavg,local``) fans out.
-The run directory is derived from the config (``<out_dir>/<exp>/<method>/<dataset>-<scheme>-s<seed>-<hash>``),
-so the same command finds its own directory again: a finished run is reused, a killed one resumes from
-its checkpoint.
+The run directory is derived from the config (``<out_dir>/<exp>/<method>/<dataset>-<scheme>-s<seed>-<hash>``,
+:mod:`bench.identity`), so the same command finds its own directory again: a finished run is reused, a killed one
+resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -39,57 +38,12 @@ from bench.core.models import MODELS
 from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, early_stop, final_eval, pick
 from bench.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
+from bench.identity import config_hash, run_dir_for, semantic_config
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
 from datasets.partition import PARTITIONERS
 from datasets.partition_report import partition_label, render_partition_report, report_key, write_report_files
 from datasets.sources import SOURCES
-
-#: config keys that do not change what is computed (excluded from the run's identity)
-NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "checkpoint", "client_state", "cache_dir",
-                "imports",
-                "data_root", "hydra", "dataset.root", "dataset.download", "partition.path", "eval.chance_z")
-
-
-#: config keys (dotted for a key inside a section) added after runs existed, left out of a run's identity while
-#: they have no effect, so that those runs keep their directories (key -> "this value changes nothing")
-NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
-                "train.norm_mode": lambda value: value == "train", "eval.early_stop": lambda value: value is None,
-                "train.batched_clients": lambda value: value is False,
-                **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
-                   for key, neutral in (("width_rule", lambda value: value == "method"),
-                                        ("width_step", lambda value: value is None))}}
-
-
-def _drop_neutral(semantic: dict[str, Any]) -> None:
-    """Remove every ``NEUTRAL_WHEN`` key whose value changes nothing (in place)."""
-    for key, neutral in NEUTRAL_WHEN.items():
-        *path, leaf = key.split(".")
-        node: Any = semantic
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and leaf in node and neutral(node[leaf]):
-            node.pop(leaf)
-
-
-def config_hash(cfg: Mapping[str, Any]) -> str:
-    """sha256 over the semantic part of the resolved config."""
-    semantic = json.loads(json.dumps(cfg))
-    _drop_neutral(semantic)
-    for key in NON_SEMANTIC:
-        node, *rest = key.split(".")
-        if rest:
-            semantic.get(node, {}).pop(rest[0], None)
-        else:
-            semantic.pop(node, None)
-    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()
-
-
-def run_dir_for(cfg: Mapping[str, Any]) -> Path:
-    if cfg.get("run_dir"):
-        return Path(cfg["run_dir"])
-    name = f"{cfg['dataset']['name']}-{cfg['partition']['scheme']}-s{cfg['seed']}-{config_hash(cfg)[:10]}"
-    return Path(cfg["out_dir"]) / cfg.get("exp", "default") / cfg["method"]["name"] / name
 
 
 def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
@@ -97,6 +51,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     ``check_device=False`` when the run goes to another machine (a Slurm login node often has no GPU)."""
     import_plugins(cfg)
     check_config(cfg)
+    semantic_config(cfg)  # every key classified as part of a run's identity or not (bench.identity)
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
     check_hyperparameter_types(METHODS.get(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
     check_batched_config(cfg, method_class(cfg)[0])

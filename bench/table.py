@@ -79,6 +79,7 @@ from bench.cells import run_cells
 from bench.collect import collect
 from bench.errors import config_phase, run_cli
 from bench.launch import load_launcher
+from bench.manifest import write_manifest
 from bench.precheck import CellsError
 from bench.render import write_table
 from bench.spec import SCALES, TableSpec, cell_config, cell_overrides, expand, load_spec, origin, spec_files
@@ -144,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.dry_run:
         return 0
+    write_manifest(spec, args.scale, dirs, args.results)
     frame, problems = collect(spec, args.scale, dirs)
     print(f"wrote {write_table(spec, args.scale, frame, problems, args.results)}")
     # the table as a W&B run too, with the runs' logger.wandb settings; a W&B failure only warns
@@ -161,7 +163,7 @@ def explain(path: str, spec: dict[str, Any], scale: str, cell: str, seeds: Seque
             out_dir: str = "runs", extra: Sequence[str] = ()) -> str:
     """Each override of the cell ``"ROW | COLUMN"`` (at its first seed) in the order Hydra applies them, with the
     spec keys and the file it comes from, and which later override replaces it; then the cell's run directory."""
-    from bench.run import run_dir_for
+    from bench.identity import run_dir_for
 
     row_name, _, column_name = (part.strip() for part in cell.partition("|"))
     matches = [c for c in expand(spec, scale, seeds, out_dir, extra) if (c.row, c.column) == (row_name, column_name)]

@@ -91,21 +91,22 @@ def table_runs(spec_path: str | Path, scale: str, out_dir: str = "runs", columns
     search chose (``<results>/.../<table>.tuning.json``) as the table ran them; the Hetero columns unless ``columns``
     is given. A row whose method folder does not exist is skipped without composing its cells' configs (composing one
     takes a noticeable fraction of a second)."""
-    from bench.run import run_dir_for
-    from bench.spec import cell_config
+    from bench.manifest import cell_dirs
     from bench.tuning import with_tuned
 
     spec = with_tuned(load_spec(spec_path), scale, results)
     wanted = list(columns) if columns is not None else hetero_columns(spec)
     found: dict[str, dict[str, list[Path]]] = {}
     exp_dir = Path(out_dir) / spec["paper"] / label(spec) / scale
+    cells = []
     for cell in expand(spec, scale, out_dir=out_dir):
         if cell.column not in wanted or (rows is not None and cell.row not in rows):
             continue
         methods = [m["name"] for m in map(METHOD.match, cell.overrides) if m]
         if methods and not (exp_dir / methods[-1]).is_dir():
             continue
-        run = run_dir_for(cell_config(cell))
+        cells.append(cell)
+    for cell, run in cell_dirs(spec, scale, cells, results).items():  # the table's manifest, else composed
         if RunDir(run).is_complete():
             found.setdefault(cell.column, {}).setdefault(cell.row, []).append(run)
     order = {name: i for i, name in enumerate(r["name"] for r in spec["rows"])}
