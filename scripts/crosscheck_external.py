@@ -6,7 +6,9 @@
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.partition.export_pfllib``), runs the external code
 unmodified through its own command line with the shared setting (rounds, clients, lr, batch size, local epochs,
-CPU, one repetition per seed), reads the per-round test accuracy it saves, and writes
+CPU, one repetition per seed; a method whose ``external`` says ``norm: bn`` runs through
+``scripts/pfllib_bn_cnn.py``, which gives main.py a FedAvgCNN with BatchNorm), reads the per-round test accuracy
+it saves, and writes
 ``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
 exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
 h5py, calmsize); ``--python`` names the interpreter that has them.
@@ -33,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.compose import compose_config, to_container  # noqa: E402
 from bench.crosscheck import RESULTS, SPEC, load_spec, method_partitions, setting_overrides  # noqa: E402
 from bench.partition import export_pfllib  # noqa: E402
+
+BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
 
 
 def git_commit(checkout: Path) -> str:
@@ -79,6 +83,21 @@ def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str
     return name
 
 
+def pfllib_command(spec: Mapping[str, Any], method: str, python: str, data_name: str) -> list[str]:
+    """PFLlib's ``main.py`` command line for one method with the shared setting (run from ``system/``)."""
+    s = spec["setting"]
+    ext = spec["methods"][method]["external"]
+    norm = ext.get("norm", "none")
+    if norm not in ("none", "bn"):
+        raise SystemExit(f"error: {method}: external norm {norm!r} is invalid: use 'none' or 'bn'")
+    # PFLlib has no BatchNorm FedAvgCNN: `norm: bn` runs main.py through the launcher that substitutes one
+    launcher = [str(BN_LAUNCHER)] if norm == "bn" else []
+    return [python, "-u", *launcher, "main.py", "-data", data_name, "-m", "CNN", "-algo", ext["algo"], "-dev", "cpu",
+            "-nc", str(s["num_clients"]), "-ncl", "10", "-jr", "1", "-gr", str(s["rounds"]), "-lr", str(s["lr"]),
+            "-lbs", str(s["batch_size"]), "-ls", str(s["epochs"]), "-eg", "1", "-t", str(len(s["seeds"])),
+            "-go", f"crosscheck_{method}", *[str(a) for a in ext.get("args", [])]]
+
+
 def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
                data_name: str) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
     """Run PFLlib's ``main.py`` for one method on one exported split; per repetition, accuracy (%) per round."""
@@ -86,10 +105,7 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     ext = spec["methods"][method]["external"]
     goal = f"crosscheck_{method}"
     seeds = [str(x) for x in s["seeds"]]
-    cmd = [python, "-u", "main.py", "-data", data_name, "-m", "CNN", "-algo", ext["algo"], "-dev", "cpu",
-           "-nc", str(s["num_clients"]), "-ncl", "10", "-jr", "1", "-gr", str(s["rounds"]), "-lr", str(s["lr"]),
-           "-lbs", str(s["batch_size"]), "-ls", str(s["epochs"]), "-eg", "1", "-t", str(len(seeds)),
-           "-go", goal, *[str(a) for a in ext.get("args", [])]]
+    cmd = pfllib_command(spec, method, python, data_name)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     start = time.time()
     log = checkout / "system" / f"{goal}_{partition}.log"
@@ -115,7 +131,8 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
         if len(acc) != int(s["rounds"]) + 1:
             raise SystemExit(f"error: {h5} holds {len(acc)} evaluations, expected rounds + 1 = {s['rounds'] + 1}")
         curves[seed] = acc[1:]
-    return curves, extra, cmd[1:], time.time() - start
+    shown = [f"<pflrepro>/scripts/{BN_LAUNCHER.name}" if c == str(BN_LAUNCHER) else c for c in cmd[1:]]
+    return curves, extra, shown, time.time() - start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ref = {"method": method, "partition": partition,
                    "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
                                 "algo": ext["algo"], "command": cmd, "cwd": "system/"},
+                   **({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
+                      if ext.get("norm", "none") == "bn" else {}),
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
                    "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
                    "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)",

@@ -130,3 +130,44 @@ def test_crosscheck_passes_unchanged_and_fails_when_the_update_rule_is_perturbed
     assert (results / "README.md").is_file() and (results / "figures" / "fedavg-pat.png").is_file()
     # perturbed: trained afresh with the damped server update
     assert main([*common, "--methods", "fedavg", "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1
+
+
+def _script(name: str):  # noqa: ANN202 - a module loaded from scripts/
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pfllib_bn_launcher_model_is_our_cnn_fedavg_with_bn_and_names_only_its_norm_layers_bn() -> None:
+    from bench.core.models import build_model
+
+    theirs = _script("pfllib_bn_cnn").FedAvgCNNWithBN(in_features=1, num_classes=10, dim=1024)
+    ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28, norm="bn")
+    t_state, o_state = theirs.state_dict(), ours.state_dict()
+    assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
+    # PFLlib's FedBN keeps local exactly the parameters whose name contains "bn" (clientbn.py set_parameters)
+    bn_names = {n for n, _ in theirs.named_parameters() if "bn" in n}
+    assert bn_names == {n for n, m in theirs.named_modules() if isinstance(m, torch.nn.BatchNorm2d)
+                        for n in (f"{n}.weight", f"{n}.bias")}
+    theirs.load_state_dict(dict(zip(t_state, o_state.values(), strict=True)))
+    x = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    for mode in (True, False):
+        theirs.train(mode)
+        ours.train(mode)
+        torch.testing.assert_close(theirs(x), ours(x))
+
+
+def test_pfllib_command_runs_a_bn_method_through_the_launcher() -> None:
+    ext = _script("crosscheck_external")
+    spec = load_spec()
+    plain = ext.pfllib_command(spec, "fedavg", "py", "D")
+    bn = ext.pfllib_command(spec, "fedbn", "py", "D")
+    assert plain[:3] == ["py", "-u", "main.py"]
+    assert bn[:4] == ["py", "-u", str(ext.BN_LAUNCHER), "main.py"] and bn[bn.index("-algo") + 1] == "FedBN"
+    assert "model.options.norm=bn" in spec["methods"]["fedbn"]["ours"]
+    bad = {**spec, "methods": {"fedbn": {**spec["methods"]["fedbn"], "external": {"algo": "FedBN", "norm": "gn"}}}}
+    with pytest.raises(SystemExit, match="norm 'gn' is invalid"):
+        ext.pfllib_command(bad, "fedbn", "py", "D")
