@@ -33,7 +33,7 @@ from methods._decomposed import Decomposed, decompose
 
 CHOICES = {"decoder_init": ("default", "model"), "orth_reduction": ("mean", "sum"), "width_params": ("nested", "local"),
            "fusion_space": ("dense", "factors"), "decomposition": ("pa3dfl", "flanc"),
-           "personal_aggregation": ("hypernetwork", "local")}
+           "personal_aggregation": ("hypernetwork", "local"), "layer_order": ("recover", "cheaper")}
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Pa3dFLHyper:
     encoder_depth: int  # Linear layers of the encoder
     rank_width: float | None  # R1 = rank_width * T; None: p_min, the weakest client's width (App. A)
     rank_scale: float  # conv R2 = round(rank_scale * R1 * k^2)
+    layer_order: str  # recover: W = U V, then the layer (App. A) | cheaper: that or the factored form, per input
     width_step: float | None  # client widths are multiples of this; None = p_min
     tau_init: float | None  # initial softmax temperature of every layer; None: the one that gives init_entropy
     embed_std: float  # embeddings ~ N(0, embed_std^2)
@@ -97,8 +98,9 @@ class Pa3dLayer(nn.Module):
     initialised from the layer's own weight: U orthogonal, V = U^T W when R2 >= R1 k^2; else U the top R2 left
     singular vectors of W arranged as (R1 k^2) x ((T/R1) S), exact when R2 reaches that matrix's rank."""
 
-    def __init__(self, layer: nn.Conv2d | nn.Linear, rank1: int, rank2: int) -> None:
+    def __init__(self, layer: nn.Conv2d | nn.Linear, rank1: int, rank2: int, order: str = "recover") -> None:
         super().__init__()
+        self.order = order  # recover: W = U V, then the layer | cheaper: that or the factored form, the cheaper
         out_f, in_f = layer.weight.shape[:2]
         if isinstance(layer, nn.Conv2d) and layer.groups != 1:
             raise ValueError("a grouped convolution cannot be decomposed")
@@ -129,7 +131,47 @@ class Pa3dLayer(nn.Module):
         # einsum's (S, 1, S, S) strides (a layer with T/R1 = 1, e.g. ResNet's downsample at width 1 or p_min)
         return w.reshape(-1).view(-1, self.personal.shape[1], *self.kernel)
 
+    def costs(self, x: torch.Tensor) -> tuple[int, int]:
+        """Multiply-adds of the forward pass of ``x`` (the backward repeats the same products twice) when W is
+        recovered first, T S k^2 R2 + N T S k^2 (App. A: the recovery's extra cost ratio is R2 / N, Eq. 16), and
+        when factored, N_in S (T/R1) R2 + N T R2 k^2; N = the positions the layer outputs (B H W), N_in its input's."""
+        blocks, inputs, rank2 = self.personal.shape
+        rank1, k2 = self.general.shape[:2]
+        outputs, n_in = blocks * rank1, x.numel() // inputs
+        n_out = n_in if self.conv is None else x.shape[0] * math.prod(self.output_size(x.shape[2:]))
+        recover = outputs * inputs * k2 * (rank2 + n_out)
+        factored = n_in * inputs * blocks * rank2 + n_out * outputs * rank2 * k2
+        return recover, factored
+
+    def output_size(self, size: Sequence[int]) -> list[int]:
+        """The conv's output height and width for an input of ``size``."""
+        assert self.conv is not None
+        stride, padding, dilation = self.conv["stride"], self.conv["padding"], self.conv["dilation"]
+        if padding == "same":
+            return list(size)
+        padding = (0, 0) if padding == "valid" else padding
+        return [(n + 2 * p - d * (k - 1) - 1) // s + 1
+                for n, p, d, k, s in zip(size, padding, dilation, self.kernel, stride, strict=True)]
+
+    def factored(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map without forming W: z_{b r} = sum_s V[b, s, r] x_s (a 1x1 conv to (T/R1) R2 channels), then
+        output b R1 + a = sum_r u_a[:, r] * z_{b r} (a k x k conv in T/R1 groups of R2 inputs and R1 outputs)."""
+        blocks, inputs, rank2 = self.personal.shape
+        rank1 = self.general.shape[0]
+        mix = self.personal.transpose(1, 2).reshape(blocks * rank2, inputs)  # row b R2 + r
+        if self.conv is None:
+            z = F.linear(x, mix).unflatten(-1, (blocks, rank2))
+            out = (z @ self.general[:, 0, :].T).flatten(-2)  # [..., b, a] -> channel b R1 + a
+            return out if self.bias is None else out + self.bias
+        z = F.conv2d(x, mix[:, :, None, None])
+        kernels = self.general.transpose(1, 2).reshape(rank1, rank2, *self.kernel).repeat(blocks, 1, 1, 1)
+        return F.conv2d(z, kernels, self.bias, groups=blocks, **self.conv)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is None and self.order == "cheaper":
+            recover, factored = self.costs(x)
+            if factored < recover:
+                return self.factored(x)
         if self.conv is None:
             return F.linear(x, self.weight(), self.bias)
         return F.conv2d(x, self.weight(), self.bias, **self.conv)
@@ -328,8 +370,8 @@ class Pa3dFL(Method):
                 raise ValueError(f"Pa3dFL: {name} has {out_f} outputs at width {width}, not whole blocks of "
                                  f"R1 = {rank1}: choose method.rank_width dividing every width")
             if isinstance(layer, nn.Linear):
-                return Pa3dLayer(layer, rank1, rank1)
-            return Pa3dLayer(layer, rank1, conv_rank2(full_out, full_in, k2, rank1, hp.rank_scale))
+                return Pa3dLayer(layer, rank1, rank1, hp.layer_order)
+            return Pa3dLayer(layer, rank1, conv_rank2(full_out, full_in, k2, rank1, hp.rank_scale), hp.layer_order)
 
         decompose(model.body, make)
         return Pa3dModel(model)

@@ -148,14 +148,16 @@ def test_cli_writes_markdown_csv_and_json_with_the_paper_columns(tmp_path):
     assert {"paper_flops", "paper_peak_memory_mb", "paper_model_size_mb"} <= set(rows[0])
     assert [(r["row"], r["batch_size"], r["status"]) for r in rows] == [
         ("heterofl", "2", "measured"), ("heterofl", "128", "measured"), ("pa3dfl", "2", "measured"),
-        ("pa3dfl", "128", "measured")]
-    pa3dfl = rows[3]
+        ("pa3dfl", "128", "measured"), ("pa3dfl (cheaper)", "2", "measured"), ("pa3dfl (cheaper)", "128", "measured")]
+    pa3dfl, cheaper = rows[3], rows[5]
+    assert float(cheaper["gflops_train_step"]) <= float(pa3dfl["gflops_train_step"])  # the same map, fewer products
+    assert cheaper["model_size_mb"] == pa3dfl["model_size_mb"]
     assert float(pa3dfl["gflops_train_step"]) > float(rows[1]["gflops_train_step"])  # U at full rank on top
     assert float(pa3dfl["server_mb"]) > 100 * float(pa3dfl["model_size_mb"])  # the hypernetwork's decoders
     assert float(rows[1]["paper_flops"]) == 3.5 and float(rows[1]["gflops_train_step"]) > 0
     data = json.loads((tmp_path / "efficiency.json").read_text())
     assert {"device", "torch", "threads", "model", "input", "flops", "memory"} <= set(data["header"])
-    assert len(data["rows"]) == 4 and not list(tmp_path.glob(".*.tmp"))
+    assert len(data["rows"]) == 6 and not list(tmp_path.glob(".*.tmp"))
 
 
 @pytest.mark.parametrize("args, bad", [

@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from bench.compose import to_container
 from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
 from bench.core.models import MODELS, build_model
-from bench.run import execute
+from bench.run import config_hash, execute
 from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
@@ -38,7 +39,7 @@ def experiment(tmp_path, *overrides: str):
 
 def hyper(**changes) -> Pa3dFLHyper:
     values = dict(lam=0.1, hn_lr=0.1, hn_momentum=0.0, embed_dim=3, hidden_dim=5, encoder_depth=2, rank_width=0.25,
-                  rank_scale=1.0,
+                  rank_scale=1.0, layer_order="recover",
                   width_step=None, tau_init=1.0, embed_std=1.0, init_entropy=0.5, decoder_init="default", hn_clip=50.0,
                   orth_reduction="mean", detach_local=False, width_params="nested", fusion_steps=10,
                   fusion_space="dense", ties_to_global=True, decomposition="pa3dfl", basis_ratio=0.25,
@@ -136,6 +137,57 @@ def test_decomposition_recovers_w_exactly_from_u_and_v(layer):
     torch.testing.assert_close(dec(x), layer(x), rtol=0, atol=1e-12)
     low = Pa3dLayer(layer, 2, k2)  # R2 < R1 k^2: only a projection of W
     assert not torch.allclose(low.weight(), layer.weight, atol=1e-3)
+
+
+@pytest.mark.parametrize(("layer", "x"), [
+    (nn.Conv2d(6, 8, 3, padding=1, stride=2), (3, 6, 9, 9)),  # strided, padded
+    (nn.Conv2d(6, 8, 1, stride=2), (3, 6, 9, 9)),  # a ResNet downsample
+    (nn.Linear(6, 8), (5, 6))])
+@pytest.mark.parametrize("rank2", [2, 3, 18])
+def test_the_factored_order_is_the_same_map_and_cheaper_takes_the_order_with_fewer_multiply_adds(layer, x, rank2):
+    torch.manual_seed(0)
+    layer, x = layer.double(), torch.randn(*x, dtype=torch.float64)
+    dec = Pa3dLayer(layer, 2, rank2)
+    recovered = dec(x)
+    torch.testing.assert_close(dec.factored(x), recovered, rtol=0, atol=1e-12)
+    recover, factored = dec.costs(x)
+    k2, (t, s) = math.prod(dec.kernel), layer.weight.shape[:2]
+    n_out = recovered.numel() // t
+    assert recover == t * s * k2 * (rank2 + n_out)  # App. A: recovering W adds T S k^2 R2 (Eq. 16: R2 / n_out)
+    assert factored == x.numel() // s * s * (t // 2) * rank2 + n_out * t * rank2 * k2
+    cheaper = Pa3dLayer(layer, 2, rank2, "cheaper")
+    cheaper.load_state_dict(dec.state_dict())
+    with FlopCounterMode(display=False) as counter:
+        out = cheaper(x)
+    torch.testing.assert_close(out, recovered, rtol=0, atol=1e-12)
+    assert counter.get_total_flops() == 2 * min(recover, factored)
+
+
+def test_the_layer_order_is_recover_by_default_keeps_a_runs_identity_and_refuses_a_bad_value(tmp_path):
+    cfg = to_container(config(tmp_path, *FAST, *HETERO))
+    assert cfg["method"]["layer_order"] == "recover"
+    older = {**cfg, "method": {k: v for k, v in cfg["method"].items() if k != "layer_order"}}
+    assert config_hash(cfg) == config_hash(older)  # committed Pa3dFL runs keep their directories
+    assert config_hash(to_container(config(tmp_path, *FAST, *HETERO, "method.layer_order=cheaper"))) != config_hash(cfg)
+    with pytest.raises(ValueError, match="method.layer_order='fastest' is invalid"):
+        hyper(layer_order="fastest")
+
+
+def test_ideal_pa3dfl_trains_resnet18_at_about_fedavgs_parameters_and_flops():
+    # Regression: every layer recovered W = U V each step; with the Ideal R1 = T (conv R2 = S) that cost S / (B H W)
+    # times the convolution, 4x in layer4 at 32x32 (1x1 maps): one training step of Table 2's ResNet-18-GN at batch 128
+    # was 54.97 GFLOPs against FedAvg's 27.81 (1.98x); the cheaper order per layer gives 30.08 (1.08x), 12.41 M
+    # parameters against 11.18 M (1.11x)
+    from bench.efficiency import count_flops
+
+    plain_model = build_model("resnet18", num_classes=10, in_channels=3, image_size=32, norm="gn", gn_groups=2)
+    torch.manual_seed(0)
+    ideal = Pa3dFL.extend_model(copy.deepcopy(plain_model), hyper(rank_width=1.0, layer_order="cheaper"), 1.0)
+    x, y = torch.empty(128, 3, 32, 32, device="meta"), torch.zeros(128, dtype=torch.long, device="meta")
+    (plain_flops, plain_params), (flops, params) = (
+        (count_flops(m.to("meta"), x, y), sum(p.numel() for p in m.parameters())) for m in (plain_model, ideal))
+    assert params <= 1.15 * plain_params
+    assert flops <= 1.15 * plain_flops
 
 
 def test_pruning_v_then_recovering_equals_recovering_then_slicing_w():
