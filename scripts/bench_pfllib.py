@@ -165,6 +165,21 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The methods of several invocations' reports; the runs of a method measured by more than one are pooled
+    (accuracies: the first invocation's)."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for method, r in part["results"].items():
+            if method not in merged:
+                merged[method] = json.loads(json.dumps(r))
+                continue
+            for side in ("ours", "theirs"):
+                for k in ("wall", "cpu"):
+                    merged[method][side][k] += r[side][k]
+    return merged
+
+
 def git(args: list[str], cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True).stdout.strip()
 
@@ -174,8 +189,9 @@ def main() -> None:
     parser.add_argument("pfllib", type=Path, nargs="?",
                         help="a checkout of github.com/TsingZ0/PFLlib (holds system/main.py)")
     parser.add_argument("--merge", type=Path, nargs="+",
-                        help="write the report from the .json files of earlier invocations (one method each, e.g. "
-                             "run side by side to save time) instead of running anything")
+                        help="write the report from the .json files of earlier invocations (e.g. one method or one "
+                             "repeat each, run side by side to save time; a method's runs are pooled) instead of "
+                             "running anything")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--pfllib-python", default=sys.executable,
@@ -189,7 +205,8 @@ def main() -> None:
         meta["command"] = " ; ".join(p["meta"]["command"] for p in parts) + " (side by side), then --merge"
         meta["load_before"] = " / ".join(p["meta"]["load_before"] for p in parts)
         meta["load_after"] = " / ".join(p["meta"]["load_after"] for p in parts)
-        write(args, {m: r for p in parts for m, r in p["results"].items()}, meta)
+        meta["repeats"] = " + ".join(str(p["meta"]["repeats"]) for p in parts)
+        write(args, merge_results(parts), meta)
         print(f"wrote {args.out}")
         return
     if args.pfllib is None:

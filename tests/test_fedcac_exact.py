@@ -1,0 +1,96 @@
+"""FedCAC's server step computes the same bits as a direct transcription of Eqs. 5-11: the k-th largest score by
+selection instead of a partial sort, the customized models written into one buffer, the global model's products
+in place. The references below are that transcription, one operation per equation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from methods.fedcac import critical_mask, overlaps
+from tests.helpers import federation, method
+from tests.test_personalized_methods import cac_hp, task
+
+
+def reference_mask(score: torch.Tensor, tau: float, reverse: bool = False) -> torch.Tensor:
+    k = math.floor(tau * score.numel() + 1e-9)
+    if k == 0:
+        return torch.zeros_like(score, dtype=torch.bool)
+    if reverse:
+        return score <= torch.topk(score, k, largest=False).values[-1]
+    threshold = torch.topk(score, k).values[-1]
+    if threshold <= 1e-10:
+        positive = score[score > 1e-20]
+        threshold = positive.min() if positive.numel() else threshold.new_zeros(())
+    return score >= threshold
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.1, 0.5, 0.77, 1.0])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_critical_mask_is_the_topk_threshold(tau, reverse):
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 1000, 4099):
+        dense = torch.rand(n, generator=g)
+        tied = torch.randint(0, 4, (n,), generator=g).float() * 0.25  # many ties, and zeros
+        tiny = torch.rand(n, generator=g) * 1e-12  # the <= 1e-10 fallback
+        for score in (dense, tied, tiny, torch.zeros(n)):
+            assert torch.equal(critical_mask(score, tau, reverse), reference_mask(score, tau, reverse))
+
+
+def reference_aggregate(m, trained: dict[int, torch.Tensor], participants: list[int], round_: int) -> torch.Tensor:
+    """The server step of one round as the equations read: returns every client's new model."""
+    hp, fed = m.hp, m.fed
+    models = m.state["models"].clone()
+    for cid in participants:
+        models[cid] = trained[cid]
+    params = fed.worker.param_mask
+    masks = torch.stack([m._masks[c] for c in participants])
+    from methods.fedcac import collaborators
+
+    groups, _ = collaborators(overlaps(masks[:, params], hp.overlap), round_, hp)
+    weights = m.weights(participants).double()
+    global_model = (weights[:, None] * models[participants].double()).sum(0).to(models.dtype)
+    mixed = []
+    for row, cid in enumerate(participants):
+        custom = models[[cid] + [participants[j] for j in groups[row]]].mean(0)
+        shared = custom if hp.noncritical == "as_critical" else global_model
+        new = torch.where(masks[row], custom, shared)
+        mixed.append(torch.where(params, new, custom if hp.bn_stats == "critical" else models[cid]))
+    models[participants] = torch.stack(mixed)
+    return models
+
+
+def bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.Linear(5, 3))
+
+
+def plain_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("build", [bn_model, plain_model])
+@pytest.mark.parametrize("options", [{}, {"noncritical": "as_critical", "bn_stats": "critical"},
+                                     {"collaboration": "top_k", "top_k": 2}, {"selection": "reverse"},
+                                     {"overlap": "paper"}])
+@pytest.mark.parametrize("participants", [[0, 1, 2, 3, 4, 5], [1, 3, 4]])
+def test_aggregate_equals_the_equations_bit_for_bit(build, options, participants):
+    fed = federation(build(), 6, sizes=[1.0, 2.0, 3.0, 1.0, 5.0, 2.0])
+    m = method("fedcac", fed, **vars(cac_hp(beta=3, **options)))
+    g = torch.Generator().manual_seed(1)
+    m.state["models"] += torch.randn(m.state["models"].shape, generator=g)  # clients hold different models
+    for round_ in (1, 2, 3):
+        m.begin_round(round_, participants)
+        trained = {}
+        for cid in participants:
+            start = m.client_model(cid).clone()
+            trained[cid] = start + 0.1 * torch.randn(start.shape, generator=g)
+            fed.worker.load(trained[cid])
+            m.upload(task(cid, start, round_), fed.worker)
+        expected = reference_aggregate(m, trained, participants, round_)
+        m.aggregate(round_, participants)
+        assert torch.equal(m.state["models"], expected)
