@@ -56,6 +56,7 @@ NON_SEMANTIC = ("out_dir", "run_dir", "quiet", "logger", "device", "threads", "c
 NEUTRAL_WHEN = {"capacity": lambda value: value.get("setting") == "ideal", "compile": lambda value: value is False,
                 "train.norm_mode": lambda value: value == "train", "eval.early_stop": lambda value: value is None,
                 "train.batched_clients": lambda value: value is False,
+                "method.round1_critical": lambda value: value == "customized",
                 **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
                    for key, neutral in (("width_rule", lambda value: value == "method"),
                                         ("width_step", lambda value: value is None))}}
