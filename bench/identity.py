@@ -70,6 +70,7 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "train.batched_clients": _equals(False),
     "eval.early_stop": lambda value: value is None,
     "method.layer_order": _equals("recover"),
+    "method.round1_critical": _equals("customized"),
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }

@@ -13,6 +13,7 @@ Server:
   Eq. 10  u_i = mean of w_j over j in C_i + {i}                          customized model
   Eq. 11  w_i <- M_i * u_i + (1 - M_i) * w_bar                           over nn.Parameters
 BatchNorm statistics stay each client's own (code); ``bn_stats=critical`` is the paper's reading.
+``round1_critical=initial`` replaces u_i in round 1 by the initial model (PFLlib's FedCAC; docs/methods/fedcac.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CHOICES = {
     "noncritical": ("all", "as_critical"),
     "overlap": ("code", "paper"),
     "bn_stats": ("local", "critical"),
+    "round1_critical": ("customized", "initial"),
 }
 
 
@@ -47,6 +49,7 @@ class FedCACHyper:
     overlap: str  # code: 1 - ||c_i - c_j|| / (2 |c_i|) | paper: ||M_i - M_j|| / (2 n)
     bn_stats: str  # local (code) | critical: taken from the customized model (paper)
     overlap_matrix_every: int  # record the overlap matrix every K rounds (0 = never)
+    round1_critical: str = "customized"  # customized: u_i^1 by Eq. 10 (Alg. 1) | initial: the initial model (PFLlib)
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
@@ -123,6 +126,7 @@ class FedCAC(Method):
 
     def setup(self, init: torch.Tensor) -> None:
         self.state["models"] = self.fed.client_table(init)
+        self._initial = init.clone() if self.hp.round1_critical == "initial" else None
 
     def client_model(self, cid: int) -> torch.Tensor:
         return self.state["models"][cid]
@@ -162,6 +166,8 @@ class FedCAC(Method):
         for row in range(len(participants)):
             rows = [row] + groups[row]
             custom = torch.stack([trained[j] for j in rows], out=members[: len(rows)]).mean(0)  # Eq. 10
+            if round_ == 1 and self._initial is not None:
+                custom = self._initial.to(models.dtype)
             shared = custom if self.hp.noncritical == "as_critical" else global_model
             if every_param:
                 torch.where(masks[row], custom, shared, out=mixed[row])  # Eq. 11

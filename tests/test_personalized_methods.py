@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from bench.core.engine import ClientRound
 from bench.core.models import build_model
-from bench.run import execute
+from bench.run import config_hash, execute
 from methods.fedamp import attention_weights
 from methods.fedcac import FedCACHyper, collaborators, critical_mask, overlaps
 from tests.helpers import config, federation, method
@@ -107,6 +110,44 @@ def test_noncritical_as_critical_and_bn_stats_critical_options():
     d = fed.size
     upload_vectors(m, {0: torch.ones(d), 1: torch.full((d,), 3.0)})
     assert torch.equal(m.client_model(0), torch.ones(d)) and torch.equal(m.client_model(1), torch.full((d,), 3.0))
+
+
+def test_round1_critical_initial_takes_round_1_critical_entries_from_the_initial_model_only():
+    fed = federation(nn.Linear(3, 2), 2)
+    init = fed.worker.read().clone()
+    d = fed.size
+    trained = {0: init + torch.arange(d, dtype=torch.float32), 1: init - 2 * torch.arange(d, dtype=torch.float32)}
+    w_bar = (trained[0] + trained[1]) / 2
+    runs = {}
+    for choice in ("customized", "initial"):
+        fed.worker.load(init)  # every client starts from the same initial model
+        m = method("fedcac", fed, **vars(cac_hp(round1_critical=choice, collaboration="none")))
+        upload_vectors(m, trained, round_=1)
+        runs[choice] = m
+        for cid in (0, 1):
+            critical_source = init if choice == "initial" else trained[cid]  # no collaborators: u_i = w_i
+            torch.testing.assert_close(m.client_model(cid), torch.where(m._masks[cid], critical_source, w_bar))
+    assert not torch.equal(runs["customized"].client_model(0), runs["initial"].client_model(0))
+    m = runs["initial"]  # from round 2 on, Eq. 10 as in the default
+    again = {0: m.client_model(0) + 1.0, 1: m.client_model(1) - 1.0}
+    upload_vectors(m, again, round_=2)
+    for cid in (0, 1):
+        w_bar = (again[0] + again[1]) / 2
+        torch.testing.assert_close(m.client_model(cid), torch.where(m._masks[cid], again[cid], w_bar))
+
+
+def test_committed_fedcac_runs_keep_their_config_hash_with_round1_critical_customized():
+    root = Path(__file__).resolve().parent.parent
+    runs = sorted(root.glob("runs/*/*/medium/fedcac/*/summary.json"))
+    assert runs, "no committed FedCAC runs found under runs/"
+    for summary in runs:
+        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        recorded = json.loads(summary.read_text())["config_hash"]
+        assert "round1_critical" not in cfg["method"] and config_hash(cfg) == recorded, summary
+        cfg["method"]["round1_critical"] = "customized"  # the default: the run as it was before the key existed
+        assert config_hash(cfg) == recorded, summary
+        cfg["method"]["round1_critical"] = "initial"
+        assert config_hash(cfg) != recorded, summary
 
 
 def test_fedcac_sensitivity_is_eq5():
