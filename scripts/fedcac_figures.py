@@ -285,9 +285,10 @@ def fig1a(scale: str, rounds: int | None = None) -> list[Path]:
                   "training goes on.\nOurs (last third of the rounds minus the first third): "
                   + ", ".join(f"alpha={a}: {r:+.1f} deg" for a, r in rises)
                   + f": grows for every alpha: {verdict(all(r > 0 for _, r in rises))}.")
+        base.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame([{"alpha": a, "round": t + 1, "angle": v} for _, a, angles in curves
                       for t, v in enumerate(angles)]).to_csv(base.with_suffix(".csv"), index=False)
-        return finish(fig, base, claims)
+        return [*finish(fig, base, claims), base.with_suffix(".csv")]
 
 
 def fig1b(scale: str, epochs: int | None = None) -> list[Path]:
