@@ -7,7 +7,7 @@ and Fig. 5 from Table 1's partitions (PNG + PDF + CSV under results/pa3dfl/figur
     python scripts/pa3dfl_figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
     python scripts/pa3dfl_figures.py fig6 [--scale mini]       # learning curves, Ideal and Hetero (Table 1 + fig6.yaml)
     python scripts/pa3dfl_figures.py fig8 [--scale mini]       # lambda swept (table CSV of conf/paper/pa3dfl/fig8.yaml)
-    python scripts/pa3dfl_figures.py depth [--scale mini]      # hypernetwork depth swept (hn_depth.yaml's table CSV)
+    python scripts/pa3dfl_figures.py depth [--scale mini]      # HN depth swept (fig_hn_depth.yaml's table CSV)
     python scripts/pa3dfl_figures.py attention [--scale mini]  # Pa3dFL's attention entropy and fusion alpha per round
     python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
     python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
@@ -44,7 +44,7 @@ as the mean over the clients; both as the mean over seeds with a band of +- one 
 Fig. 6 (App. E.2): Fig. 3's curves for every column of Table 1, Ideal and Hetero, from Table 1's runs and those of
 ``conf/paper/pa3dfl/fig6.yaml`` (the same experiment; at mini scale it adds the Ideal columns). Fig. 8 (App. E.3) and
 the hypernetwork-depth study (App. G): accuracy against the swept value (the rows "lam=<v>" / "depth=<v>" of
-``fig8.yaml`` / ``hn_depth.yaml``), from the table's CSV. These three state the paper's claim and whether ours holds
+``fig8.yaml`` / ``fig_hn_depth.yaml``), from the table's CSV. These three state the paper's claim and whether ours holds
 under the figure and in ``<figure>.caption.txt``.
 
 Only finished runs (``summary.json`` complete) are drawn. Beside each figure a CSV holds the plotted numbers.
@@ -745,7 +745,7 @@ def fig6(scale: str = "mini", out_dir: str = "runs", results: str = "results") -
 
 #: the sweep figures: spec name -> (swept parameter as in the rows' names, axis label, title)
 SWEEPS = {"fig8": ("lam", "lambda (orthogonality coefficient, Eq. 32)", "Fig. 8: the regulariser coefficient"),
-          "hn_depth": ("depth", "hypernetwork encoder depth (Linear layers)", "App. G: depth of the hypernetwork")}
+          "fig_hn_depth": ("depth", "hypernetwork encoder depth (Linear layers)", "App. G: depth of the hypernetwork")}
 
 
 def sweep_rows(frame: Any, param: str) -> list[dict[str, Any]]:
@@ -766,7 +766,7 @@ def sweep_claims(name: str, data: Sequence[Mapping[str, Any]]) -> str:
         best = max(pts, key=lambda d: d["mean"])
         spread = max(d["mean"] for d in pts) - min(d["mean"] for d in pts)
         noise = max(d["std"] for d in pts)
-        if name == "hn_depth":
+        if name == "fig_hn_depth":
             ok = pts[-1]["mean"] > pts[0]["mean"]
             parts.append(f"{column}: depth {pts[0]['value']:g} {pts[0]['mean']:.1f} -> {pts[-1]['value']:g} "
                          f"{pts[-1]['mean']:.1f} (deeper is better: {'holds' if ok else 'does not hold'})")
@@ -781,14 +781,14 @@ def sweep_claims(name: str, data: Sequence[Mapping[str, Any]]) -> str:
         else:
             parts.append(f"{column}: best lambda {best['value']:g} ({best['mean']:.1f}), range {spread:.1f} points "
                          "(no claim)")
-    paper = ("Paper (App. G): the clients' accuracy benefits from a deeper hypernetwork." if name == "hn_depth" else
+    paper = ("Paper (App. G): the clients' accuracy benefits from a deeper hypernetwork." if name == "fig_hn_depth" else
              "Paper (App. E.3, Fig. 8): on FashionMNIST a small lambda is preferred; on CIFAR-10 its effect is not "
              "obvious and needs tuning.")
     return paper + "\nOurs (mean over seeds): " + "; ".join(parts) + "."
 
 
 def sweep_figure(name: str, scale: str = "mini", out_dir: str = "runs", results: str = "results") -> list[Path]:
-    """Accuracy against the swept parameter of a sweep spec (``fig8``: lambda, ``hn_depth``: the hypernetwork's
+    """Accuracy against the swept parameter of a sweep spec (``fig8``: lambda, ``fig_hn_depth``: the hypernetwork's
     depth), one line per column, from the table's CSV (``python -m bench.table conf/paper/pa3dfl/<name>.yaml``)."""
     import pandas as pd
 
@@ -877,7 +877,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.figure == "fig8" or (args.figure == "all" and not args.run):
         paths += sweep_figure("fig8", args.scale, args.runs, args.results)
     if args.figure == "depth" or (args.figure == "all" and not args.run):
-        paths += sweep_figure("hn_depth", args.scale, args.runs, args.results)
+        paths += sweep_figure("fig_hn_depth", args.scale, args.runs, args.results)
     if args.figure in ("attention", "all"):
         paths += attention(**kw)
     given = args.figure == "all" and args.run  # figures of given runs: Figs. 4-5 do not come from runs

@@ -276,15 +276,15 @@ def test_sweep_figure_plots_the_tables_rows_by_swept_value_and_states_the_claims
     caption = (results / "pa3dfl" / "figures" / "fig8_sweep.caption.txt").read_text()
     assert "FashionMNIST Ideal: best lambda 0 (80.0; small preferred: holds)" in caption
     assert "CIFAR-10 Hetero: range 1.0 points over lambda vs the largest std 2.0" in caption and "holds)" in caption
-    assert figs.sweep_figure("hn_depth", "mini", results=str(results)) == []  # no table yet
+    assert figs.sweep_figure("fig_hn_depth", "mini", results=str(results)) == []  # no table yet
 
 
 def test_depth_claim_compares_the_shallowest_and_deepest() -> None:
     data = [{"column": "X", "value": 1.0, "mean": 50.0, "std": 1.0}, {"column": "X", "value": 4.0, "mean": 55.0,
                                                                     "std": 1.0}]
-    assert "X: depth 1 50.0 -> 4 55.0 (deeper is better: holds)" in figs.sweep_claims("hn_depth", data)
+    assert "X: depth 1 50.0 -> 4 55.0 (deeper is better: holds)" in figs.sweep_claims("fig_hn_depth", data)
     data[1]["mean"] = 45.0
-    assert "deeper is better: does not hold" in figs.sweep_claims("hn_depth", data)
+    assert "deeper is better: does not hold" in figs.sweep_claims("fig_hn_depth", data)
 
 
 def test_fig6_claims_rank_pa3dfl_at_each_panels_last_round() -> None:
@@ -313,7 +313,7 @@ def test_fig6_reads_table1_and_fig6_cells_of_every_column() -> None:
 
 
 @pytest.mark.parametrize(("name", "param", "values"), [("fig8", "method.lam", [0.0, 0.001, 0.01, 0.1, 1.0]),
-                                                       ("hn_depth", "method.encoder_depth", [1, 2, 3, 4])])
+                                                       ("fig_hn_depth", "method.encoder_depth", [1, 2, 3, 4])])
 def test_sweep_specs_vary_only_the_swept_parameter(name: str, param: str, values: list[float]) -> None:
     spec = load_spec(figs.ROOT / "conf" / "paper" / "pa3dfl" / f"{name}.yaml")
     for scale in ("mini", "paper"):
