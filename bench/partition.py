@@ -22,16 +22,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
 from bench.core.builder import import_plugins
-from bench.core.data import load_sources, partition_sources
+from bench.core.data import load_sources, partition_labels, partition_sources, source_labels
 from bench.errors import config_phase, run_cli
+from datasets.label_counts import label_info_from_counts
 from datasets.partition import Partition
 from datasets.partition_file import partition_to_clients, write_partition_file
 from datasets.partition_report import class_counts
+from datasets.sources import DataSourceError
 
 
 def load_run_config(run_dir: str | Path) -> dict[str, Any]:
@@ -51,6 +54,27 @@ def rebuild_partition(conf: Mapping[str, Any]) -> tuple[Partition, torch.Tensor,
                                           cache_dir=conf.get("cache_dir"))
     pool = torch.cat([labels.train_labels, labels.test_labels])
     return partition, pool, int(labels.train_labels.numel()), labels.num_classes
+
+
+def partition_of(cfg: Mapping[str, Any]) -> tuple[Partition, torch.Tensor, str]:
+    """(partition, pool labels: train then test, where the labels came from) of a cell config: from the data when it
+    is present, else from the official label counts (as ``bench.precheck.dry_build``)."""
+    import_plugins(cfg)
+    try:
+        labels, origin = source_labels(*load_sources(cfg["dataset"], cfg.get("data_root"))), "data"
+    except DataSourceError:
+        labels = label_info_from_counts(cfg["dataset"].get("domains") or [cfg["dataset"]["source"]])
+        origin = "official label counts"
+    partition = partition_labels(labels, str(cfg["dataset"]["name"]), cfg["partition"],
+                                 num_clients=int(cfg["num_clients"]), data_seed=int(cfg["data_seed"]))
+    return partition, torch.cat([labels.train_labels, labels.test_labels]), origin
+
+
+def train_counts(partition: Partition, pool: torch.Tensor) -> np.ndarray:
+    """clients x classes: each client's training samples per class (its train and validation parts)."""
+    num_classes = int(pool.max()) + 1
+    table = class_counts(partition, pool, num_classes)[[f"class_{c}" for c in range(num_classes)]]
+    return (table.xs("train", level="part") + table.xs("val", level="part")).to_numpy()
 
 
 def check_against_report(run_dir: Path, partition: Partition, pool: torch.Tensor, num_classes: int) -> None:

@@ -36,6 +36,14 @@ def save(fig: plt.Figure, path: str | os.PathLike) -> list[Path]:
     return out
 
 
+def write_caption(path: str | os.PathLike, text: str) -> Path:
+    """The figure's caption beside it (``<path>.caption.txt``, ``path`` without suffix); the results page shows it."""
+    target = Path(str(path).removesuffix(".png").removesuffix(".pdf") + ".caption.txt")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text.rstrip() + "\n")
+    return target
+
+
 def learning_curves(
     groups: Mapping[str, Sequence[Path]], path: str | os.PathLike, *, title: str = "",
     stage: str = "post", ylabel: str = "mean client test accuracy (%)",

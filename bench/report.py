@@ -8,7 +8,8 @@ writes its own page, ``results/demo/index.html``, from its own results tree):
   (⚑ beyond two of our stds at paper scale, ‡ stale, ✗ not averaged in), the caption and notes of the ``.md``,
   the paired differences and Kendall's tau from the ``.stats.json`` when there is one, and its provenance;
 - every other Markdown page (``results/bench/bench.md``, ``results/pa3dfl/efficiency.md``, tuning reports);
-- every figure (``figures/**/*.png``, and PNGs in the folder itself such as the demo's curves).
+- every figure (``figures/**/*.png``, and PNGs in the folder itself such as the demo's curves), with the caption
+  written beside it (``<name>.caption.txt``: the paper's claim and whether ours holds) when there is one.
 
 No server, no network, no framework: inline CSS, images by paths relative to the page, and one small script that
 counts images that did not load (``<body data-broken-images>``, read by the headless-browser test).
@@ -79,6 +80,7 @@ dl.prov dt{font-weight:600}dl.prov dd{margin:0}
 figure{margin:0;border:1px solid #e3e7ee;padding:6px;border-radius:4px}
 figure img{max-width:100%;height:auto;display:block;margin:auto}
 figcaption{font-size:11.5px;color:#4a5261;word-break:break-all;margin-top:4px}
+figcaption .claim{display:block;word-break:normal;margin-top:3px}
 .page{border-left:3px solid #d7dce5;padding-left:12px}code{background:#f1f3f7;padding:0 3px;border-radius:3px}
 nav ul{margin:2px 0}nav>ul>li{margin-top:4px}
 """
@@ -567,6 +569,16 @@ def table_section(table: Table, env: Environment, conf_dir: Path = CONF_DIR) -> 
 # --------------------------------------------------------------------------------------------------- page
 
 
+def figure_caption(figure: Path) -> str:
+    """The caption written beside a figure (``<name>.caption.txt``: the paper's claim and whether ours holds), as
+    HTML paragraphs; empty when there is none."""
+    path = figure.with_suffix(".caption.txt")
+    if not path.exists():
+        return ""
+    return "".join(f'<span class="claim">{inline(line)}</span>' for line in path.read_text().splitlines()
+                   if line.strip())
+
+
 def relative_src(path: Path, page_dir: Path) -> str:
     return quote(os.path.relpath(path.resolve(), page_dir.resolve()).replace(os.sep, "/"), safe="/")
 
@@ -604,7 +616,7 @@ def render_page(results: Path, out: Path, env: Environment, conf_dir: Path = CON
         if s.figures:
             figs = [f'<figure><a href="{relative_src(f, out.parent)}"><img src="{relative_src(f, out.parent)}" '
                     f'alt="{esc(f.name)}"></a><figcaption>{esc(f.relative_to(results / s.name).as_posix())}'
-                    "</figcaption></figure>" for f in s.figures]
+                    f"{figure_caption(f)}</figcaption></figure>" for f in s.figures]
             body.append(f'<section class="figures" id="{esc(anchor(s.name, "figures"))}"><h3>Figures</h3>'
                         f'<div class="figs">{"".join(figs)}</div></section>')
         body.append("</section>")

@@ -12,6 +12,8 @@ Schemes (``make_partition(scheme, labels, num_clients, seed, **params)``):
                    ``n_test`` samples split equally over them; ``overlap`` lets clients share samples
 ``dirichlet``      FedCAC (Sec. 4.1): q_i ~ Dir(alpha * 1) (``prior="uniform"``) or Dir(alpha * p)
                    (``prior="class_prior"``); the same q_i sizes the train and the test part
+``class_mix``      given class mixes: client i's ``n_train`` / ``n_test`` samples in the proportions of
+                   ``mixes[i]`` (one weight per class), as FedCAC's Figs. 1b (4:4:1:1) and 7 (15 chosen mixes)
 ``shards``         LG-FedAvg / FedRep / FedSelect (Sec. 5): ``shards_per_client`` shards of
                    ``num_users`` users; optional ``train_per_class`` / ``test_per_class`` truncation;
                    ``test_pool="class"``: ``test_per_class`` test samples of each of the client's classes
@@ -269,6 +271,35 @@ def _dirichlet(data: PartitionData, num_clients: int, rng: np.random.Generator, 
 
     def counts(_: int) -> tuple[np.ndarray, np.ndarray]:
         q = rng.dirichlet(concentration)
+        return dirichlet_counts(q, n_train), dirichlet_counts(q, n_test)
+
+    return _fixed_size_parts(data, num_clients, rng, p, counts)
+
+
+def _mixes(p: dict, data: PartitionData, num_clients: int) -> np.ndarray:
+    """``partition.mixes`` as a clients x classes array of weights, checked."""
+    mixes = p["mixes"]
+    fix = (f"give one list of {data.num_classes} non-negative class weights per client ({num_clients} lists), "
+           f"each with a positive sum, e.g. [[4, 0, ..., 4], ...]")
+    if not isinstance(mixes, Sequence) or isinstance(mixes, str) or len(mixes) != num_clients:
+        raise fail("mixes", mixes, fix)
+    try:
+        weights = np.array([[float(w) for w in mix] for mix in mixes], dtype=float)
+    except (TypeError, ValueError):
+        raise fail("mixes", mixes, fix) from None
+    if weights.shape != (num_clients, data.num_classes) or not np.isfinite(weights).all() or (weights < 0).any() \
+            or (weights.sum(axis=1) <= 0).any():
+        raise fail("mixes", mixes, fix)
+    return weights
+
+
+@scheme("class_mix", mixes=None, n_train=500, n_test=100, overlap=True)
+def _class_mix(data: PartitionData, num_clients: int, rng: np.random.Generator, p: dict) -> Parts:
+    weights = _mixes(p, data, num_clients)
+    n_train, n_test = _check_sizes(p, data, num_clients)
+
+    def counts(i: int) -> tuple[np.ndarray, np.ndarray]:
+        q = weights[i] / weights[i].sum()
         return dirichlet_counts(q, n_train), dirichlet_counts(q, n_test)
 
     return _fixed_size_parts(data, num_clients, rng, p, counts)

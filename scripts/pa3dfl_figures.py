@@ -5,6 +5,9 @@ and Fig. 5 from Table 1's partitions (PNG + PDF + CSV under results/pa3dfl/figur
     python scripts/pa3dfl_figures.py fig3 [--scale mini] [--runs runs]
     python scripts/pa3dfl_figures.py fig4                      # no scale, no runs: built layers' parameter counts
     python scripts/pa3dfl_figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
+    python scripts/pa3dfl_figures.py fig6 [--scale mini]       # learning curves, Ideal and Hetero (Table 1 + fig6.yaml)
+    python scripts/pa3dfl_figures.py fig8 [--scale mini]       # lambda swept (table CSV of conf/paper/pa3dfl/fig8.yaml)
+    python scripts/pa3dfl_figures.py depth [--scale mini]      # HN depth swept (fig_hn_depth.yaml's table CSV)
     python scripts/pa3dfl_figures.py attention [--scale mini]  # Pa3dFL's attention entropy and fusion alpha per round
     python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
     python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
@@ -38,6 +41,12 @@ client picked on its validation data at an evaluation (``fusion_alpha`` at ``fus
 a round's method record, so an evaluation's alpha is in the next round's record and the final evaluation's in none),
 as the mean over the clients; both as the mean over seeds with a band of +- one std.
 
+Fig. 6 (App. E.2): Fig. 3's curves for every column of Table 1, Ideal and Hetero, from Table 1's runs and those of
+``conf/paper/pa3dfl/fig6.yaml`` (the same experiment; at mini scale it adds the Ideal columns). Fig. 8 (App. E.3) and
+the hypernetwork-depth study (App. G): accuracy against the swept value (the rows "lam=<v>" / "depth=<v>" of
+``fig8.yaml`` / ``fig_hn_depth.yaml``), from the table's CSV. These three state the paper's claim and whether ours holds
+under the figure and in ``<figure>.caption.txt``.
+
 Only finished runs (``summary.json`` complete) are drawn. Beside each figure a CSV holds the plotted numbers.
 """
 
@@ -60,17 +69,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench.core.records import RunDir, atomic_write_text, read_jsonl  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
-from bench.plots import STYLE, save  # noqa: E402
+from bench.partition import partition_of, train_counts  # noqa: E402
+from bench.plots import STYLE, save, write_caption  # noqa: E402
 from bench.spec import expand, label, load_spec, output_base  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "table1.yaml"
+FIG6_SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "fig6.yaml"
 METHOD_CONF = ROOT / "conf" / "method" / "pa3dfl.yaml"
 CLUSTERS = 5
 HETERO = re.compile(r"^capacity\.setting=hetero$")
@@ -294,14 +304,21 @@ def draw_fig2(data: Sequence[Mapping[str, Any]], path: Path, scale: str, protoco
 
 
 def draw_fig3(data: Sequence[Mapping[str, Any]], path: Path, scale: str, stage: str,
-              highlight: str | None = "Pa3dFL") -> list[Path]:
+              highlight: str | None = "Pa3dFL", per_row: int | None = None,
+              title: str = "Learning curves (mean +- std over seeds)", claims: str | None = None) -> list[Path]:
+    """One panel per column (``per_row`` panels a row, default all in one), one line per method; ``claims`` under
+    the figure and beside it (``.caption.txt``)."""
     columns = list(dict.fromkeys(d["column"] for d in data))
     methods = list(dict.fromkeys(d["method"] for d in data))
     style = styles(methods, highlight)
+    cols = min(per_row or len(columns), len(columns))
+    rows = math.ceil(len(columns) / cols)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns) + 1.6, 3.2), layout="constrained",
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.6, 3.2 * rows), layout="constrained",
                                  squeeze=False)
-        for ax, column in zip(axes[0], columns, strict=True):
+        for ax in axes.flat[len(columns):]:
+            ax.set_visible(False)
+        for ax, column in zip(axes.flat, columns, strict=False):
             for method in methods:
                 pts = [d for d in data if d["column"] == column and d["method"] == method]
                 if not pts:
@@ -314,10 +331,48 @@ def draw_fig3(data: Sequence[Mapping[str, Any]], path: Path, scale: str, stage: 
             ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(panel_title(column, scale))
-        axes[0][0].set_ylabel(f"mean client test accuracy (%), {stage}")
-        legend(fig, axes[0])
-        fig.suptitle("Learning curves (mean +- std over seeds)")
-        return save(fig, path)
+        for row in axes:
+            row[0].set_ylabel(f"mean client test accuracy (%), {stage}")
+        legend(fig, list(axes.flat))
+        fig.suptitle(title)
+        if claims is None:
+            return save(fig, path)
+        fig.text(0.0, -0.02, claims, fontsize=7.5, va="top", wrap=True)
+        return [*save(fig, path), write_caption(path, claims)]
+
+
+def final_means(data: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """column -> method -> mean over seeds of the test accuracy at the method's last recorded round."""
+    out: dict[str, dict[str, float]] = {}
+    for d in data:
+        last = out.setdefault(d["column"], {})
+        if d["method"] not in last or d["round"] >= last[d["method"]][0]:
+            last[d["method"]] = (d["round"], d["mean"])
+    return {c: {m: v for m, (_, v) in rows.items()} for c, rows in out.items()}
+
+
+def fig6_claims(data: Sequence[Mapping[str, Any]], highlight: str = "Pa3dFL", rival: str = "FjORD",
+                near: float = 1.0) -> str:
+    """App. E.2's claims against the last round of each panel: under Hetero Pa3dFL first on CIFAR-10 / CIFAR-100 and
+    within ``near`` points of FjORD (or above) elsewhere; under Ideal first or within ``near`` of the best."""
+    parts = []
+    for column, means in final_means(data).items():
+        if highlight not in means:
+            continue
+        best = max((v, m) for m, v in means.items() if m != highlight) if len(means) > 1 else (math.nan, "-")
+        mine = means[highlight]
+        rank = 1 + sum(v > mine for m, v in means.items() if m != highlight)
+        if "Hetero" in column and column.startswith("CIFAR"):
+            ok, want = rank == 1, "first"
+        elif "Hetero" in column:
+            ok, want = rival in means and mine >= means[rival] - near, f"within {near:g} of {rival}"
+        else:
+            ok, want = mine >= best[0] - near, f"within {near:g} of the best"
+        parts.append(f"{column}: {highlight} {mine:.1f}, rank {rank} of {len(means)} (best other {best[1]} "
+                     f"{best[0]:.1f}; {want}: {'holds' if ok else 'does not hold'})")
+    return ("Paper (App. E.2, Fig. 6): under Hetero Pa3dFL is above the others on CIFAR-10 and CIFAR-100 and "
+            "competitive with FjORD; under Ideal it is outstanding whatever the data distribution.\n"
+            "Ours (last round, mean over seeds): " + "; ".join(parts) + ".")
 
 
 # ------------------------------------------------------------------- Pa3dFL's attention entropy and fusion alpha
@@ -551,36 +606,6 @@ def draw_fig4(data: Sequence[Mapping[str, Any]], path: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------ Fig. 5: partitions
-def partition_of(cfg: Mapping[str, Any]) -> tuple[Any, Any, str]:
-    """(partition, pool labels: train then test, where the labels came from) of a cell config: from the data when it
-    is present, else from the official label counts (as ``bench.precheck.dry_build``)."""
-    import torch
-
-    from bench.core.builder import import_plugins
-    from bench.core.data import load_sources, partition_labels, source_labels
-    from datasets.label_counts import label_info_from_counts
-    from datasets.sources import DataSourceError
-
-    import_plugins(cfg)
-    try:
-        labels, origin = source_labels(*load_sources(cfg["dataset"], cfg.get("data_root"))), "data"
-    except DataSourceError:
-        labels = label_info_from_counts(cfg["dataset"].get("domains") or [cfg["dataset"]["source"]])
-        origin = "official label counts"
-    partition = partition_labels(labels, str(cfg["dataset"]["name"]), cfg["partition"],
-                                 num_clients=int(cfg["num_clients"]), data_seed=int(cfg["data_seed"]))
-    return partition, torch.cat([labels.train_labels, labels.test_labels]), origin
-
-
-def train_counts(partition: Any, pool: Any) -> np.ndarray:
-    """clients x classes: each client's training samples per class (its train and validation parts)."""
-    from datasets.partition_report import class_counts
-
-    num_classes = int(pool.max()) + 1
-    table = class_counts(partition, pool, num_classes)[[f"class_{c}" for c in range(num_classes)]]
-    return (table.xs("train", level="part") + table.xs("val", level="part")).to_numpy()
-
-
 def fig5_data(scale: str, seed: int = 0, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Per Table 1 column of ``scale`` (or ``columns``): its seed-``seed`` partition's clients x classes counts."""
     from bench.spec import cell_config
@@ -689,6 +714,119 @@ def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
     return [*draw_fig3(data, base, scale, stage, spec.get("compare")), write_csv(data, base)]
 
 
+def fig6_panels(scale: str, out_dir: str, results: str) -> dict[str, dict[str, list[Path]]]:
+    """Every Table 1 column (Ideal and Hetero) with finished runs, from Table 1's runs and the Fig. 6 spec's (the same
+    run where both have a cell), columns and rows in Table 1's order."""
+    spec = load_spec(SPEC)
+    columns = [c["name"] for c in spec["columns"]]
+    found: dict[str, dict[str, list[Path]]] = {}
+    for source in (SPEC, FIG6_SPEC):
+        for column, rows in table_runs(source, scale, out_dir, columns, results=results).items():
+            for row, runs in rows.items():
+                have = found.setdefault(column, {}).setdefault(row, [])
+                have += [r for r in runs if r not in have]
+    order = {r["name"]: i for i, r in enumerate(spec["rows"])}
+    return {c: dict(sorted(found[c].items(), key=lambda kv: order[kv[0]])) for c in columns if c in found}
+
+
+def fig6(scale: str = "mini", out_dir: str = "runs", results: str = "results") -> list[Path]:
+    """Learning curves of every Table 1 column, Ideal beside Hetero (App. E.2); [] with a message without runs."""
+    panels = fig6_panels(scale, out_dir, results)
+    if not panels:
+        print(f"skipped fig6: no finished runs of Table 1 or Fig. 6 under {out_dir} (make pa3dfl-table1 "
+              f"SCALE={scale}; at mini scale the Ideal columns: make pa3dfl-fig6)")
+        return []
+    stage = load_spec(SPEC)["protocol"]["stage"]
+    data = fig3_data(panels, stage)
+    base = output_base("pa3dfl", "figures", scale, results) / "fig6_learning_curves"
+    return [*draw_fig3(data, base, scale, stage, per_row=2, claims=fig6_claims(data),
+                       title="Fig. 6: learning curves, Ideal and Hetero (panel titles), mean +- std over seeds"),
+            write_csv(data, base)]
+
+
+#: the sweep figures: spec name -> (swept parameter as in the rows' names, axis label, title)
+SWEEPS = {"fig8": ("lam", "lambda (orthogonality coefficient, Eq. 32)", "Fig. 8: the regulariser coefficient"),
+          "fig_hn_depth": ("depth", "hypernetwork encoder depth (Linear layers)", "App. G: depth of the hypernetwork")}
+
+
+def sweep_rows(frame: Any, param: str) -> list[dict[str, Any]]:
+    """The table CSV's rows "<param>=<value>" as (column, value, mean, std, seeds) dicts, sorted by value."""
+    out = [{"column": r["column"], "value": float(str(r["method"]).split("=", 1)[1]), "mean": float(r["mean"]),
+            "std": float(r["std"]) if r["std"] == r["std"] else 0.0, "seeds": int(r.get("seeds", 0) or 0)}
+           for r in frame.to_dict("records") if str(r["method"]).startswith(f"{param}=")]
+    return sorted(out, key=lambda d: d["value"])
+
+
+def sweep_claims(name: str, data: Sequence[Mapping[str, Any]]) -> str:
+    """App. E.3 (lambda) / App. G (depth) claims against the swept means."""
+    by_column: dict[str, list[Mapping[str, Any]]] = {}
+    for d in data:
+        by_column.setdefault(d["column"], []).append(d)
+    parts = []
+    for column, pts in by_column.items():
+        best = max(pts, key=lambda d: d["mean"])
+        spread = max(d["mean"] for d in pts) - min(d["mean"] for d in pts)
+        noise = max(d["std"] for d in pts)
+        if name == "fig_hn_depth":
+            ok = pts[-1]["mean"] > pts[0]["mean"]
+            parts.append(f"{column}: depth {pts[0]['value']:g} {pts[0]['mean']:.1f} -> {pts[-1]['value']:g} "
+                         f"{pts[-1]['mean']:.1f} (deeper is better: {'holds' if ok else 'does not hold'})")
+        elif column.startswith("FashionMNIST"):
+            ok = best["value"] <= 0.01
+            parts.append(f"{column}: best lambda {best['value']:g} ({best['mean']:.1f}; small preferred: "
+                         f"{'holds' if ok else 'does not hold'})")
+        elif column.startswith("CIFAR-10 "):
+            ok = spread <= 2 * noise
+            parts.append(f"{column}: range {spread:.1f} points over lambda vs the largest std {noise:.1f} (effect not "
+                         f"obvious, read as range <= 2 std: {'holds' if ok else 'does not hold'})")
+        else:
+            parts.append(f"{column}: best lambda {best['value']:g} ({best['mean']:.1f}), range {spread:.1f} points "
+                         "(no claim)")
+    paper = ("Paper (App. G): the clients' accuracy benefits from a deeper hypernetwork." if name == "fig_hn_depth" else
+             "Paper (App. E.3, Fig. 8): on FashionMNIST a small lambda is preferred; on CIFAR-10 its effect is not "
+             "obvious and needs tuning.")
+    return paper + "\nOurs (mean over seeds): " + "; ".join(parts) + "."
+
+
+def sweep_figure(name: str, scale: str = "mini", out_dir: str = "runs", results: str = "results") -> list[Path]:
+    """Accuracy against the swept parameter of a sweep spec (``fig8``: lambda, ``fig_hn_depth``: the hypernetwork's
+    depth), one line per column, from the table's CSV (``python -m bench.table conf/paper/pa3dfl/<name>.yaml``)."""
+    import pandas as pd
+
+    path = output_base("pa3dfl", name, scale, results).with_suffix(".csv")
+    if not path.exists():
+        print(f"skipped {name}: no table yet (make pa3dfl-{name} SCALE={scale})")
+        return []
+    param, xlabel, title = SWEEPS[name]
+    data = [d for d in sweep_rows(pd.read_csv(path), param) if not math.isnan(d["mean"])]
+    if not data:
+        print(f"skipped {name}: {path} has no finished cell")
+        return []
+    base = output_base("pa3dfl", "figures", scale, results) / f"{name}_sweep"
+    positive = sorted({d["value"] for d in data if d["value"] > 0})
+    zero_at = positive[0] / 10 if name == "fig8" and positive else 0.0  # lambda = 0 drawn a decade left of the rest
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(5.4, 3.4), layout="constrained")
+        for column in dict.fromkeys(d["column"] for d in data):
+            pts = [d for d in data if d["column"] == column]
+            x = [d["value"] if d["value"] > 0 or name != "fig8" else zero_at for d in pts]
+            ax.errorbar(x, [d["mean"] for d in pts], yerr=[d["std"] for d in pts], marker="o", ms=3, capsize=2,
+                        label=panel_title(column, scale))
+        if name == "fig8":
+            ax.set_xscale("log")
+            ticks = ([zero_at] if any(d["value"] == 0 for d in data) else []) + positive
+            ax.set_xticks(ticks, ["0" if t == zero_at and zero_at else f"{t:g}" for t in ticks])
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean client test accuracy (%)")
+        ax.legend(fontsize=7)
+        fig.suptitle(title + SCALE_NOTES[scale])
+        claims = sweep_claims(name, data)
+        fig.text(0.0, -0.02, claims, fontsize=7.5, va="top", wrap=True)
+        return [*save(fig, base), write_caption(base, claims), write_csv(data, base)]
+
+
 def attention(scale: str = "mini", out_dir: str = "runs", results: str = "results", runs: Sequence[Path] | None = None,
               columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
     """Pa3dFL's attention entropy and fusion alpha per round (module docstring), from Table 1's Pa3dFL row (or the
@@ -720,7 +858,7 @@ def fig5(scale: str = "mini", results: str = "results", seed: int = 0,
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["fig2", "fig3", "fig4", "fig5", "attention", "all"])
+    parser.add_argument("figure", choices=["fig2", "fig3", "fig4", "fig5", "fig6", "fig8", "depth", "attention", "all"])
     parser.add_argument("--scale", default="mini", choices=list(SCALE_NOTES))
     parser.add_argument("--runs", default="runs", help="the runs folder of the table (default: %(default)s)")
     parser.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
@@ -735,6 +873,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths += fig2(**kw)
     if args.figure in ("fig3", "all"):
         paths += fig3(**kw)
+    if args.figure == "fig6" or (args.figure == "all" and not args.run):
+        paths += fig6(args.scale, args.runs, args.results)
+    if args.figure == "fig8" or (args.figure == "all" and not args.run):
+        paths += sweep_figure("fig8", args.scale, args.runs, args.results)
+    if args.figure == "depth" or (args.figure == "all" and not args.run):
+        paths += sweep_figure("fig_hn_depth", args.scale, args.runs, args.results)
     if args.figure in ("attention", "all"):
         paths += attention(**kw)
     given = args.figure == "all" and args.run  # figures of given runs: Figs. 4-5 do not come from runs

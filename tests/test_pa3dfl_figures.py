@@ -254,3 +254,77 @@ def test_fig5_draws_a_table_column_from_label_counts(tmp_path, monkeypatch):
     rows = read_csv(paths[-1])
     assert len(rows) == 20 and {r["column"] for r in rows} == {"FashionMNIST Hetero"}
     assert all(int(r["total"]) == 200 for r in rows)  # n_train 200 per client (train + validation)
+
+
+def test_sweep_figure_plots_the_tables_rows_by_swept_value_and_states_the_claims(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    (results / "pa3dfl").mkdir(parents=True)
+    rows = [("lam=0.1", "FashionMNIST Ideal", 70.0, 1.0), ("lam=0.0", "FashionMNIST Ideal", 80.0, 1.0),
+            ("lam=0.001", "FashionMNIST Ideal", 75.0, 1.0), ("lam=0.1", "CIFAR-10 Hetero", 60.0, 2.0),
+            ("lam=0.0", "CIFAR-10 Hetero", 61.0, 2.0), ("lam=0.001", "CIFAR-10 Hetero", math.nan, math.nan)]
+    text = "method,column,mean,std,seeds\n" + "".join(f"{m},{c},{a},{s},3\n" for m, c, a, s in rows)
+    (results / "pa3dfl" / "fig8.csv").write_text(text.replace("nan", ""))
+    paths = figs.sweep_figure("fig8", "mini", results=str(results))
+    base = results / "pa3dfl" / "figures" / "fig8_sweep"
+    assert [p.name for p in paths] == ["fig8_sweep.png", "fig8_sweep.pdf", "fig8_sweep.caption.txt",
+                                       "fig8_sweep.csv"]
+    with open(str(base) + ".csv", newline="") as f:
+        plotted = [(r["column"], float(r["value"]), float(r["mean"])) for r in csv.DictReader(f)]
+    assert plotted == [("FashionMNIST Ideal", 0.0, 80.0), ("CIFAR-10 Hetero", 0.0, 61.0),
+                       ("FashionMNIST Ideal", 0.001, 75.0), ("FashionMNIST Ideal", 0.1, 70.0),
+                       ("CIFAR-10 Hetero", 0.1, 60.0)]  # sorted by value; the unfinished cell left out
+    caption = (results / "pa3dfl" / "figures" / "fig8_sweep.caption.txt").read_text()
+    assert "FashionMNIST Ideal: best lambda 0 (80.0; small preferred: holds)" in caption
+    assert "CIFAR-10 Hetero: range 1.0 points over lambda vs the largest std 2.0" in caption and "holds)" in caption
+    assert figs.sweep_figure("fig_hn_depth", "mini", results=str(results)) == []  # no table yet
+
+
+def test_depth_claim_compares_the_shallowest_and_deepest() -> None:
+    data = [{"column": "X", "value": 1.0, "mean": 50.0, "std": 1.0}, {"column": "X", "value": 4.0, "mean": 55.0,
+                                                                    "std": 1.0}]
+    assert "X: depth 1 50.0 -> 4 55.0 (deeper is better: holds)" in figs.sweep_claims("fig_hn_depth", data)
+    data[1]["mean"] = 45.0
+    assert "deeper is better: does not hold" in figs.sweep_claims("fig_hn_depth", data)
+
+
+def test_fig6_claims_rank_pa3dfl_at_each_panels_last_round() -> None:
+    data = [{"column": c, "method": m, "round": t, "mean": v, "std": 0.0} for c, m, t, v in [
+        ("CIFAR-10 Hetero", "Pa3dFL", 10, 70.0), ("CIFAR-10 Hetero", "Pa3dFL", 20, 80.0),
+        ("CIFAR-10 Hetero", "FjORD", 20, 75.0), ("FashionMNIST Hetero", "Pa3dFL", 20, 80.0),
+        ("FashionMNIST Hetero", "FjORD", 20, 80.5), ("CIFAR-100 Ideal", "Pa3dFL", 20, 60.0),
+        ("CIFAR-100 Ideal", "FedAvg", 20, 65.0)]]
+    assert figs.final_means(data)["CIFAR-10 Hetero"] == {"Pa3dFL": 80.0, "FjORD": 75.0}  # the last round's mean
+    text = figs.fig6_claims(data)
+    assert "CIFAR-10 Hetero: Pa3dFL 80.0, rank 1 of 2 (best other FjORD 75.0; first: holds)" in text
+    assert "FashionMNIST Hetero: Pa3dFL 80.0, rank 2 of 2 (best other FjORD 80.5; within 1 of FjORD: holds)" in text
+    assert "CIFAR-100 Ideal: Pa3dFL 60.0, rank 2 of 2 (best other FedAvg 65.0; within 1 of the best: does not hold)" \
+        in text
+
+
+def test_fig6_reads_table1_and_fig6_cells_of_every_column() -> None:
+    table1, fig6 = load_spec(figs.SPEC), load_spec(figs.FIG6_SPEC)
+    assert fig6["exp"] == "pa3dfl/table1" and fig6["rows"] == table1["rows"] and fig6["columns"] == table1["columns"]
+    mini = {c.column for c in expand(fig6, "mini")}
+    assert mini == {"CIFAR-10 Ideal", "CIFAR-100 Ideal", "FashionMNIST Ideal"}  # Table 1's mini runs the Hetero ones
+    one = next(c for c in expand(fig6, "paper") if c.row == "FedAvg" and c.column == "CIFAR-10 Hetero" and c.seed == 0)
+    same = next(c for c in expand(table1, "paper") if c.row == "FedAvg" and c.column == "CIFAR-10 Hetero"
+                and c.seed == 0)
+    assert run_dir_for(cell_config(one)) == run_dir_for(cell_config(same))  # one experiment: the same run
+
+
+@pytest.mark.parametrize(("name", "param", "values"), [("fig8", "method.lam", [0.0, 0.001, 0.01, 0.1, 1.0]),
+                                                       ("fig_hn_depth", "method.encoder_depth", [1, 2, 3, 4])])
+def test_sweep_specs_vary_only_the_swept_parameter(name: str, param: str, values: list[float]) -> None:
+    spec = load_spec(figs.ROOT / "conf" / "paper" / "pa3dfl" / f"{name}.yaml")
+    for scale in ("mini", "paper"):
+        cells = [c for c in expand(spec, scale) if c.seed == 0]
+        by_column: dict[str, dict[float, dict]] = {}
+        for cell in cells:
+            cfg = cell_config(cell)
+            by_column.setdefault(cell.column, {})[float(cell.row.split("=")[1])] = cfg
+        for column, configs in by_column.items():
+            assert sorted(configs) == values, column
+            method = [{k: v for k, v in cfg["method"].items() if k != param.split(".")[1]} for cfg in configs.values()]
+            assert all(m == method[0] for m in method), column  # every other method setting equal across the sweep
+            assert [cfg["method"][param.split(".")[1]] for cfg in configs.values()] == [
+                type(cfg["method"][param.split(".")[1]])(v) for v, cfg in configs.items()]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import datasets.partition_file  # noqa: F401  (registers the from_file scheme)
 from datasets.partition import PARTITIONERS, LabelInfo, PartitionError, dirichlet_counts, make_partition
 from datasets.partition_cache import cached_partition
 from datasets.partition_report import class_counts, write_partition_report
@@ -19,6 +20,8 @@ POOL = torch.cat([LABELS.train_labels, LABELS.test_labels])
 SETTINGS = {
     "pathological": dict(n_train=40, n_test=10),
     "dirichlet": dict(alpha=0.5, n_train=40, n_test=10),
+    "class_mix": dict(mixes=[[i % C == c or (i + 3) % C == c for c in range(C)] for i in range(10)], n_train=40,
+                      n_test=10),
     "shards": dict(shards_per_client=2, num_users=20),
     "dirichlet_hsu": dict(alpha=0.5),
     "classes_per_client": dict(k=3),
@@ -90,6 +93,23 @@ def test_dirichlet_sizes_and_same_proportions_in_train_and_test():
     assert np.mean([(counts(c.train) > 0).sum() for c in small.clients]) < 2  # alpha -> 0: one class
     prior = make_partition("dirichlet", LABELS, 5, 1, alpha=1.0, n_train=50, n_test=10, prior="class_prior")
     assert prior.params["prior"] == "class_prior"
+
+
+def test_class_mix_gives_each_client_its_mix_in_train_and_test():
+    mixes = [[4, 0, 0, 1, 0, 1, 0, 0, 0, 4], [0, 1, 1, 0, 0, 0, 0, 0, 0, 0], [1] * C]
+    p = make_partition("class_mix", LABELS, 3, seed=0, mixes=mixes, n_train=100, n_test=20)
+    np.testing.assert_array_equal(counts(p.clients[0].train), [40, 0, 0, 10, 0, 10, 0, 0, 0, 40])
+    np.testing.assert_array_equal(counts(p.clients[0].test), [8, 0, 0, 2, 0, 2, 0, 0, 0, 8])
+    np.testing.assert_array_equal(counts(p.clients[1].train), [0, 50, 50] + [0] * 7)
+    np.testing.assert_array_equal(counts(p.clients[2].train), [10] * C)
+
+
+@pytest.mark.parametrize("mixes", [None, [[1] * C] * 2, [[1] * (C - 1)] * 3, [[0] * C] * 3, [[-1] + [1] * 9] * 3,
+                                   "abc", [["x"] * C] * 3])
+def test_class_mix_refuses_mixes_that_do_not_fit_the_clients_and_classes(mixes):
+    with pytest.raises(PartitionError, match=r"partition.mixes=.*one list of 10 non-negative class weights per "
+                                             r"client \(3 lists\)"):
+        make_partition("class_mix", LABELS, 3, 0, mixes=mixes, n_train=40, n_test=10)
 
 
 def test_shards_assignment_truncation_and_disjointness():

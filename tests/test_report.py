@@ -227,3 +227,20 @@ def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) ->
         rerender(spec, "mini", tmp_path)
     with pytest.raises(FileNotFoundError, match="write the table first"):
         rerender(spec_of("epsilon", "1", ["FedAvg"]), "mini", tmp_path)
+
+
+def test_a_figures_caption_file_is_shown_under_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    figures = results / "gamma" / "figures"
+    figures.mkdir(parents=True)
+    for name in ("fig7_mini", "fig8_mini"):
+        fig, ax = plt.subplots(figsize=(2, 1.5))
+        ax.plot([0, 1], [1, 2])
+        fig.savefig(figures / f"{name}.png")
+        plt.close(fig)
+    (figures / "fig7_mini.caption.txt").write_text("Paper (App. A): a < b.\nOurs: 0.6 > 0.5: holds.\n")
+    page = report.build(results, tmp_path / "site" / "index.html").read_text()
+    captioned = page.split("figures/fig7_mini.png")[-1].split("</figcaption>")[0]
+    assert '<span class="claim">Paper (App. A): a &lt; b.</span><span class="claim">Ours: 0.6 &gt; 0.5: holds.</span>' \
+        in captioned
+    assert "claim" not in page.split("figures/fig8_mini.png")[-1].split("</figcaption>")[0]  # no caption file
