@@ -124,6 +124,7 @@ GROUP_KEYS: dict[str, str] = {
     "model/resnet18_gn": "name width options.norm options.gn_groups pretrained",
     "model/resnet8": "name width options pretrained",
     "model/small_cnn": "name width options.channels options.hidden options.norm pretrained",
+    "partition/class_mix": "scheme mixes n_train n_test overlap val_fraction",  # new scheme: moves no old run
     "partition/classes_per_client": "scheme k test_mode test_fraction val_fraction",
     "partition/dirichlet": "scheme alpha n_train n_test prior overlap val_fraction",
     "partition/dirichlet_hsu": "scheme alpha min_size max_retries test_mode test_fraction val_fraction",
