@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from bench.core.builder import import_plugins
+from bench.builder import import_plugins
 from bench.core.data import load_sources, partition_sources
 from bench.errors import config_phase, run_cli
 from datasets.partition import Partition

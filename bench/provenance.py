@@ -3,8 +3,9 @@
 A run directory is a function of the config only, so after a bug fix the same command would find and
 reuse results computed by the old code. Every summary therefore records ``code``: the git commit, whether
 the tree differed from it (``dirty``), and ``hash``, a sha256 over the source of everything that computes
-the run's results — the federated core (``bench/core``), ``datasets``, ``bench/run.py``, the run's method
-module with every ``methods`` module it imports (transitively), and the modules a config imports
+the run's results — the shared utilities (``common``), the federated core (``bench/core``), ``datasets``, the
+assembly (``bench/builder.py``), ``bench/run.py``, the run's method module with every ``methods`` module it
+imports (transitively), and the modules a config imports
 (``imports=``) — so the identity holds without git too. Editing one method therefore leaves the runs of the
 other methods current.
 
@@ -27,9 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what computes results, relative to the project root
-CODE_PATHS = ("bench/core", "methods", "datasets", "bench/run.py")
+CODE_PATHS = ("common", "bench/core", "bench/builder.py", "methods", "datasets", "bench/run.py")
 #: what computes every run's results, whatever its method
-SHARED_PATHS = ("bench/core", "datasets", "bench/run.py")
+SHARED_PATHS = ("common", "bench/core", "bench/builder.py", "datasets", "bench/run.py")
 
 
 def _sources(paths: Iterable[Path]) -> list[Path]:
@@ -57,10 +58,10 @@ def _module_file(name: str) -> Path | None:
 
 def method_sources(method: str) -> list[Path]:
     """The source files of method ``method``: its module and every ``methods`` module it imports, transitively
-    (``methods/__init__.py``, the registry, only imports them all and computes nothing)."""
-    from methods import METHODS
+    (``methods/__init__.py`` only finds and imports the method modules and computes nothing)."""
+    import methods
 
-    todo = [METHODS.get(method).__module__]
+    todo = [methods.load(method).__module__]
     seen: dict[str, Path] = {}
     while todo:
         name = todo.pop()

@@ -29,11 +29,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from bench.builder import build_experiment  # noqa: E402
 from bench.compose import compose_config, to_container  # noqa: E402
-from bench.core.builder import build_experiment  # noqa: E402
-from bench.core.records import read_jsonl  # noqa: E402
 from bench.plots import STYLE, save  # noqa: E402
 from bench.spec import output_base  # noqa: E402
+from common.verified_io import read_jsonl  # noqa: E402
 
 OUT = Path("results/fedcac/figures")
 

@@ -64,10 +64,11 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import nn  # noqa: E402
 
-from bench.core.records import RunDir, atomic_write_text, read_jsonl  # noqa: E402
+from bench.core.records import RunDir  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
 from bench.plots import STYLE, save  # noqa: E402
 from bench.spec import expand, label, load_spec, output_base  # noqa: E402
+from common.verified_io import atomic_write_text, read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "table1.yaml"
@@ -555,7 +556,7 @@ def partition_of(cfg: Mapping[str, Any]) -> tuple[Any, Any, str]:
     is present, else from the official label counts (as ``bench.precheck.dry_build``)."""
     import torch
 
-    from bench.core.builder import import_plugins
+    from bench.builder import import_plugins
     from bench.core.data import load_sources, partition_labels, source_labels
     from datasets.label_counts import label_info_from_counts
     from datasets.sources import DataSourceError

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.builder import build_experiment
 from bench.compose import to_container
-from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
 from bench.core.models import MODELS, build_model
 from bench.run import execute
