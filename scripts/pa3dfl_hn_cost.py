@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this tree's code, also in the measuring subprocess, not an installed checkout's
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_hn_cost.csv"
 #: our config name -> (classes, input channels, image size, the paper's label)
 MODELS: dict[str, tuple[int, int, int, str]] = {
