@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.compose import sharing_compositions
-from bench.core.records import RunDir, atomic_write_text
+from bench.core.records import RunDir
 from bench.errors import config_phase
 from bench.identity import run_dir_for
 from bench.launch import Outcome, launch, load_launcher
@@ -20,6 +20,7 @@ from bench.precheck import CellsError, check_inputs, dry_build
 from bench.provenance import is_stale, run_code
 from bench.run import validate
 from bench.spec import Cell, cell_config
+from common.verified_io import atomic_write_text
 
 
 def duration(seconds: float) -> str:

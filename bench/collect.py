@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from bench.core.records import RunDir, read_jsonl
+from bench.core.records import RunDir
 from bench.core.summary import chance_verdict, final_eval, pick
 from bench.provenance import is_stale, run_code
 from bench.spec import (
@@ -34,6 +34,7 @@ from bench.spec import (
     paper_numbers,
     row_protocol,
 )
+from common.verified_io import read_jsonl
 
 
 def find_runs(root: str | os.PathLike) -> list[Path]:
@@ -201,7 +202,7 @@ STAGE_MEANING = {"pre": "each client's model right after its local training",
 def protocol_notes(spec: dict[str, Any], dirs: dict[Cell, Path]) -> dict[str, str]:
     """Rows scored otherwise than the table's protocol, or whose scored model is first fine-tuned on the client's
     training data (the method's ``post_finetune``), each with a sentence saying how (from the row's run configs)."""
-    from bench.core.engine import METHODS
+    import methods
 
     notes, differing = {}, differing_protocols(spec)
     for row in spec["rows"]:
@@ -209,7 +210,8 @@ def protocol_notes(spec: dict[str, Any], dirs: dict[Cell, Path]) -> dict[str, st
         configs = [p / "config.yaml" for c, p in dirs.items() if c.row == row["name"] and (p / "config.yaml").exists()]
         cfg = run_config(configs[0].parent) if configs else {}
         method = cfg.get("method", {})
-        tuned_by = METHODS.get(method["name"]).post_finetune if method.get("name") in METHODS else None
+        cls = methods.find(method["name"]) if method.get("name") else None
+        tuned_by = cls.post_finetune if cls is not None else None
         finetune = (f"; the model is first fine-tuned for {method[tuned_by]} epochs on the client's training data "
                     f"(method.{tuned_by})" if proto["stage"] == "post" and tuned_by and method.get(tuned_by) else "")
         if row["name"] in differing or finetune:

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from bench.core.builder import build_experiment, method_class
+from bench.builder import build_experiment, method_class
 from bench.core.data import build_federated_data
 from bench.provenance import cpu_kernels
 from bench.spec import Cell

@@ -4,9 +4,10 @@ paper's numbers (``conf/paper/pa3dfl_efficiency.csv``) beside ours.
 
 What is measured. For every method and size ratio r (a client that can hold the share r of the full model) the client
 model is built exactly as a run builds it: the composed config (``conf/``, default ResNet-18-GN of Pa3dFL App. D.2,
-torchvision layout, CIFAR-10 input 3x32x32, 10 classes) goes through :func:`bench.core.builder.build_worker` /
-:func:`bench.core.builder.model_builder` (the zoo's model and the method's ``extend_model``), and a capacity-aware
-method, instantiated on a federation whose clients have the capacities r, hands out the worker it trains
+torchvision layout, CIFAR-10 input 3x32x32, 10 classes) goes through :func:`bench.builder.build_worker` /
+:func:`bench.builder.model_builder` (the zoo's model and the method's ``extend_model``), and a capacity-aware
+method, built without data (:func:`bench.builder.build_without_data`) on a federation whose clients have the
+capacities r, hands out the worker it trains
 (``client_worker``, ``client_width``; pFedGate's sparsity budget via ``serve``). Capacity-unaware methods (FedAvg,
 pFedHN) run the widest model the weakest client can run (``weakest_width``). One training step is then measured on
 a random batch: ``zero_grad``, forward, cross-entropy, backward, (gradient clipping if ``train.grad_clip``),
@@ -68,13 +69,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from bench.builder import (
+    InputShape,
+    base_width,
+    build_without_data,
+    build_worker,
+    method_class,
+    model_builder,
+    model_scaled,
+)
 from bench.compose import compose_config, to_container
-from bench.core.builder import base_width, build_worker, method_class, model_builder, model_scaled
 from bench.core.capacity import PREFERRED_WIDTHS, weakest_width
-from bench.core.engine import Federation, WorkerFactory, make_optimizer
-from bench.core.records import atomic_write_json, atomic_write_text
-from bench.core.seeding import derive_seed
+from bench.core.engine import make_optimizer
 from bench.provenance import cpu_name
+from common.seeding import derive_seed
+from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_efficiency.csv"
@@ -401,16 +410,7 @@ class ClientModel:
     server_mb: float | None = None  # server-side state kept for the clients (pFedHN's and Pa3dFL's hypernetworks)
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The input the models are measured on."""
-
-    num_classes: int
-    in_channels: int
-    image_size: int
-
-
-def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction], shape: Shape,
+def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction], shape: InputShape,
                   device: torch.device, num_clients: int = 100) -> list[ClientModel]:
     """For each size ratio, the client model method ``name`` trains, built through the project's builder
     (``num_clients``: the federation the server-side state is sized for)."""
@@ -426,20 +426,16 @@ def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction],
             out.append(ClientModel(r, width * float(cfg["model"].get("width", 1.0)), worker.module, lambda: None,
                                    server_mb=server_mb))
         return out
-    scaled = model_scaled(cfg, base_width(cls, caps))
-    worker = build_worker(scaled, *dims, device, cls, hp)
-    factory = WorkerFactory(model_builder(scaled, *dims, cls, hp), worker)
-    fed = Federation(len(ratios), torch.ones(len(ratios), dtype=torch.float64), worker, scaled["train"], device,
-                     int(scaled["seed"]), None, factory, caps)
+    # the server's hypernetwork (Pa3dFL) does not shape the client models: a 1-wide one stands in here (the real one
+    # holds (hidden + 1) x the model's parameters, 2.9 GB for ResNet-18), and the real one's size is computed on meta
+    stand_in = dataclasses.replace(hp, embed_dim=1, hidden_dim=1, encoder_depth=1) \
+        if cfg["method"]["name"] == "pa3dfl" else None
+    experiment = build_without_data(cfg, shape, device, capacities=caps, hp=stand_in)
+    method, scaled = experiment.method, experiment.config
     server_mb = None
     if cfg["method"]["name"] == "pa3dfl":
-        # the server's hypernetwork does not shape the client models: a 1-wide one stands in here (the real one holds
-        # (hidden + 1) x the model's parameters, 2.9 GB for ResNet-18), and the real one's size is computed on meta
-        method = cls(fed, dataclasses.replace(hp, embed_dim=1, hidden_dim=1, encoder_depth=1))
         sizes = [dec[-1].out_features for dec in method.state["hn"]["net"].decoders]
         server_mb = pa3dfl_hypernetwork_mb(hp, sizes, num_clients)
-    else:
-        method = cls(fed, hp)
     for cid, r in enumerate(ratios):
         client = method.client_worker(cid, "train")
         serve = getattr(method, "serve", None)
@@ -450,7 +446,7 @@ def client_models(name: str, cfg: Mapping[str, Any], ratios: Sequence[Fraction],
     return out
 
 
-def plain_model(cfg: Mapping[str, Any], width: float, shape: Shape, device: torch.device) -> nn.Module:
+def plain_model(cfg: Mapping[str, Any], width: float, shape: InputShape, device: torch.device) -> nn.Module:
     """The zoo's model (no method extension) at ``width``, seeded as a run's initial model."""
     build = model_builder(cfg, shape.num_classes, shape.in_channels, shape.image_size)
     with torch.random.fork_rng(devices=[]):
@@ -509,7 +505,7 @@ class Options:
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     size_ratios: tuple[Fraction, ...] = tuple(parse_ratio(r) for r in DEFAULT_SIZE_RATIOS)
     config: tuple[str, ...] = DEFAULT_CONFIG
-    shape: Shape = Shape(num_classes=10, in_channels=3, image_size=32)
+    shape: InputShape = InputShape(num_classes=10, in_channels=3, image_size=32)
     device: str = "cpu"
     seed: int = 0
     num_clients: int = 100  # pFedHN's hypernetwork has one embedding per client
@@ -913,7 +909,7 @@ def options_from(args: argparse.Namespace) -> Options:
     ratios = tuple(dict.fromkeys(parse_ratio(r) for r in args.size_ratios))
     return Options(methods=tuple(dict.fromkeys(args.methods)), batch_sizes=tuple(dict.fromkeys(sizes)),
                    size_ratios=ratios, config=tuple(args.config),
-                   shape=Shape(args.num_classes, args.in_channels, args.image_size), device=args.device,
+                   shape=InputShape(args.num_classes, args.in_channels, args.image_size), device=args.device,
                    seed=args.seed, num_clients=args.num_clients, table2_batch_size=args.table2_batch_size)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bench.core.registry import Registry
+from common.registry import Registry
 
 LAUNCHER_DIR = Path(__file__).resolve().parent.parent / "conf" / "launcher"
 LAUNCHERS = Registry("launcher")

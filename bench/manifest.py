@@ -58,7 +58,7 @@ def write_manifest(spec: Mapping[str, Any], scale: str, dirs: Mapping[Cell, Path
     """Write (or update) a table's manifest with the run directories ``dirs`` of its cells; cells of an earlier
     manifest that ``dirs`` does not name (other seeds) are kept. Config and code hashes come from each finished
     run's summary (null for a run that has none)."""
-    from bench.core.records import atomic_write_text
+    from common.verified_io import atomic_write_text
 
     path = manifest_path(spec, scale, results_dir)
     entries = {(e["row"], e["column"], e["seed"]): e for e in _read(path)}

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from bench.core.builder import import_plugins
+from bench.builder import import_plugins
 from bench.core.data import load_sources, partition_labels, partition_sources, source_labels
 from bench.errors import config_phase, run_cli
 from datasets.label_counts import label_info_from_counts

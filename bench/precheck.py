@@ -2,7 +2,7 @@
 
 :func:`check_inputs` (before a launch) loads every data set of the cells to run once and builds each distinct
 partition (cached for the jobs), so that missing data or an impossible partition (one leaving a client without
-data its method needs, ``bench.core.builder.partition_check``) fails before anything starts.
+data its method needs, ``bench.builder.partition_check``) fails before anything starts.
 
 :func:`dry_build` (``python -m bench.table <spec> --dry-run``) builds every cell's partition for every seed without
 needing the data: from the real labels where the data set loads here, else from the data set's official label
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.core.builder import method_class, partition_check
+from bench.builder import method_class, partition_check
 from bench.core.data import (
     active_sharing,
     load_sources,

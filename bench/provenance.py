@@ -6,10 +6,12 @@ the tree differed from it (``dirty``), ``hash``, a sha256 over the source of eve
 the run's results, and the ``version`` of the rule that chose those files (absent: version 1):
 
 - version 1 (every run before the version was recorded): the federated core (``bench/core``), ``datasets`` and
-  ``bench/run.py`` whole, the run's method module with every ``methods`` module it imports (transitively);
-- version 2: the modules the run executes: ``bench/run.py`` and the method's module with every module of the core,
-  ``datasets`` and ``methods`` they import, transitively (``run_sources``), so an edit to a module the run never
-  imports (the dry run's label counts; the mean another method aggregates with) leaves it current;
+  ``bench/run.py`` whole (since the layering also ``common`` and ``bench/builder.py``), the run's method module
+  with every ``methods`` module it imports (transitively);
+- version 2: the modules the run executes: ``bench/run.py`` and the method's module with every module of
+  ``common``, the core, the assembly (``bench/builder.py``), ``datasets`` and ``methods`` they import, transitively
+  (``run_sources``), so an edit to a module the run never imports (the dry run's label counts; the mean another
+  method aggregates with) leaves it current;
 
 and in both the modules a config imports (``imports=``), so the identity holds without git too. Editing one method
 therefore leaves the runs of the other methods current. A summary is judged by the rule it was hashed by, so a new
@@ -34,9 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what computes results, relative to the project root
-CODE_PATHS = ("bench/core", "methods", "datasets", "bench/run.py")
+CODE_PATHS = ("common", "bench/core", "bench/builder.py", "methods", "datasets", "bench/run.py")
 #: what computes every run's results, whatever its method (code identity version 1: all of it)
-SHARED_PATHS = ("bench/core", "datasets", "bench/run.py")
+SHARED_PATHS = ("common", "bench/core", "bench/builder.py", "datasets", "bench/run.py")
 #: the rule by which a new run's code hash is computed: 1 = :data:`SHARED_PATHS` whole and the run's method modules
 #: (every summary written before the version was recorded); 2 = the modules a run imports (:func:`run_sources`)
 CODE_IDENTITY_VERSION = 2
@@ -67,10 +69,10 @@ def _module_file(name: str) -> Path | None:
 
 def method_sources(method: str) -> list[Path]:
     """The source files of method ``method``: its module and every ``methods`` module it imports, transitively
-    (``methods/__init__.py``, the registry, only imports them all and computes nothing)."""
-    from methods import METHODS
+    (``methods/__init__.py`` only finds and imports the method modules and computes nothing)."""
+    import methods
 
-    todo = [METHODS.get(method).__module__]
+    todo = [methods.load(method).__module__]
     seen: dict[str, Path] = {}
     while todo:
         name = todo.pop()
@@ -119,7 +121,7 @@ def _imported(name: str, path: Path) -> list[str]:
 
 #: the code a run's results can come from (code identity version 2); the experiment layer's modules that a run
 #: passes through (validation, errors, composition, logging) compute nothing of its records
-TRACED = ("bench/core", "datasets", "methods", "bench/run.py")
+TRACED = ("common", "bench/core", "bench/builder.py", "datasets", "methods", "bench/run.py")
 #: the methods registry: importing it imports every method, but it computes nothing
 REGISTRY = "methods/__init__.py"
 
@@ -129,11 +131,11 @@ def run_sources(method: str) -> list[Path]:
     module, and every module of :data:`TRACED` they import, transitively (by ``ast``, function bodies included),
     with the ``__init__`` of each package on the way; not the methods registry (:data:`REGISTRY`), through which the
     assembly reaches every method, so that a run's hash covers its own method only."""
-    from methods import METHODS
+    import methods
 
     traced = [ROOT / p for p in TRACED]
     registry = ROOT / REGISTRY
-    todo = ["bench.run", METHODS.get(method).__module__]
+    todo = ["bench.run", methods.load(method).__module__]
     seen: dict[str, Path] = {}
     while todo:
         name = todo.pop()

@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from bench.core.records import atomic_write_text
 from bench.spec import (
     SCALES,
     label,
@@ -27,6 +26,7 @@ from bench.spec import (
     scale_columns,
     unmeasured_columns,
 )
+from common.verified_io import atomic_write_text
 
 
 def _fmt(mean: float, std: float) -> str:

@@ -44,10 +44,10 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from bench.core.records import atomic_write_text
 from bench.provenance import cpu_name
 from bench.render import is_secondary
 from bench.spec import SCALE_FOLDERS
+from common.verified_io import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import methods  # noqa: F401  (registers every method)
-from bench.compose import to_container
-from bench.core.builder import (
+import methods
+from bench.builder import (
     Experiment,
     build_experiment,
     check_batched_config,
@@ -31,16 +30,18 @@ from bench.core.builder import (
     import_plugins,
     method_class,
 )
+from bench.compose import to_container
 from bench.core.capacity import IDEAL, check_capacity_config
 from bench.core.data import FederatedData, active_sharing
-from bench.core.engine import METHODS, Diverged
+from bench.core.engine import Diverged
 from bench.core.models import MODELS
-from bench.core.records import RunDir, atomic_write_json, atomic_write_text, scan_records
+from bench.core.records import RunDir
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, early_stop, final_eval, pick
 from bench.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
 from bench.identity import config_hash, run_dir_for, semantic_config
 from bench.provenance import code_identity, cpu_kernels
 from bench.validation import check_config, check_hyperparameter_types
+from common.verified_io import atomic_write_json, atomic_write_text, scan_records
 from datasets.partition import PARTITIONERS
 from datasets.partition_report import partition_label, render_partition_report, report_key, write_report_files
 from datasets.sources import SOURCES
@@ -53,7 +54,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     check_config(cfg)
     semantic_config(cfg)  # every key classified as part of a run's identity or not (bench.identity)
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
-    check_hyperparameter_types(METHODS.get(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
+    check_hyperparameter_types(methods.load(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
     check_batched_config(cfg, method_class(cfg)[0])
     MODELS.get(cfg["model"]["name"])
     for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:

@@ -35,10 +35,11 @@ from typing import Any
 import pandas as pd
 
 from bench.cells import run_cells
-from bench.core.records import RunDir, atomic_write_json, atomic_write_text
+from bench.core.records import RunDir
 from bench.core.summary import pick
 from bench.render import markdown_table
 from bench.spec import expand, label, output_base, scale_block, scale_columns
+from common.verified_io import atomic_write_json, atomic_write_text
 
 
 def grid_points(grid: dict[str, list[Any]] | list[dict[str, Any]]) -> list[list[str]]:

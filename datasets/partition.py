@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.core.registry import Registry
+from common.registry import Registry
 
 
 class PartitionError(ValueError):

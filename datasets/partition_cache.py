@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.core.records import load_verified, save_verified
+from common.verified_io import load_verified, save_verified
 from datasets.partition import PARTITIONERS, LabelInfo, Partition, make_partition
 
 

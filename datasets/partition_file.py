@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from bench.core.records import atomic_write_bytes
+from common.verified_io import atomic_write_bytes
 from datasets.partition import Partition, PartitionError, fail, scheme
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from bench.core.records import atomic_write_bytes  # noqa: E402
+from common.verified_io import atomic_write_bytes  # noqa: E402
 from datasets.partition import Partition  # noqa: E402
 
 PARTS = ("train", "val", "test")

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.core.registry import Registry
+from common.registry import Registry
 
 SOURCES: Registry = Registry("data source")
 

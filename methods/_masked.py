@@ -20,7 +20,7 @@ from torch import nn
 
 from bench.core.engine import ClientRound, Method
 from bench.core.flat import FlatModel
-from bench.core.seeding import generator
+from common.seeding import generator
 
 MASKABLE = ("weights", "dense", "all")
 RANKINGS = ("per_tensor", "global")

@@ -26,7 +26,7 @@ from torch.func import functional_call
 from bench.core.capacity import PREFERRED_WIDTHS
 from bench.core.engine import METHODS, ClientRound, Federation
 from bench.core.flat import FlatModel
-from bench.core.seeding import generator
+from common.seeding import generator
 from methods._nested import NestedHyper, NestedWidths
 
 

@@ -28,7 +28,7 @@ from bench.core.aggregate import WeightedMean
 from bench.core.capacity import WidthRule, client_capacities, shared_width_rule
 from bench.core.engine import METHODS, ClientRound, Federation, Method, evaluate
 from bench.core.flat import FlatModel
-from bench.core.seeding import derive_seed
+from common.seeding import derive_seed
 from methods._decomposed import Decomposed, decompose
 
 CHOICES = {"decoder_init": ("default", "model"), "orth_reduction": ("mean", "sum"), "width_params": ("nested", "local"),

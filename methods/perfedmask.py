@@ -20,7 +20,7 @@ from bench.core.aggregate import WeightedMean
 from bench.core.engine import METHODS, ClientRound, Method
 from bench.core.flat import FlatModel
 from bench.core.models import NORM_TYPES
-from bench.core.seeding import generator
+from common.seeding import generator
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from torch import nn
 from bench.core.data import ClientData
 from bench.core.engine import METHODS, ClientRound, Federation
 from bench.core.flat import FlatModel
-from bench.core.seeding import derive_seed
+from common.seeding import derive_seed
 from methods._partial import PartialPersonalization
 
 

@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from bench.builder import build_experiment  # noqa: E402
 from bench.compose import compose_config, to_container  # noqa: E402
-from bench.core.builder import build_experiment  # noqa: E402
 
 COMMON = ["logger.wandb.mode=disabled", "quiet=true", "cache_dir=null", "participation=1.0", "eval.every=1000"]
 WORKLOADS: dict[str, list[str]] = {

@@ -44,11 +44,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench.builder import build_experiment, build_worker
 from bench.compose import compose_config, to_container
-from bench.core.builder import build_experiment, build_worker
 from bench.core.data import build_federated_data
-from bench.core.records import atomic_write_json, atomic_write_text
 from bench.provenance import cpu_name
+from common.verified_io import atomic_write_json, atomic_write_text
 
 WORKLOADS = {
     "fedcac": ["model=resnet8", "dataset.options.num_channels=3", "dataset.options.size=32",

@@ -36,10 +36,10 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.core.builder import build_experiment  # noqa: E402
-from bench.core.records import read_jsonl  # noqa: E402
+from bench.builder import build_experiment  # noqa: E402
 from bench.plots import STYLE, save, write_caption  # noqa: E402
 from bench.spec import output_base  # noqa: E402
+from common.verified_io import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path("results/fedcac/figures")

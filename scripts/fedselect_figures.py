@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # are found through this tree's spec expansion (its runs' exp)
 sys.path.insert(0, str(ROOT))
 
-from bench.core.records import read_jsonl  # noqa: E402
 from bench.plots import STYLE, finished_run, heatmap, save  # noqa: E402
 from bench.spec import load_spec, output_base, paper_numbers  # noqa: E402
+from common.verified_io import read_jsonl  # noqa: E402
 
 SPECS = ROOT / "conf" / "paper" / "fedselect"
 SPEC, FIG2_SPEC = SPECS / "table1.yaml", SPECS / "fig2.yaml"

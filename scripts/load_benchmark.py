@@ -35,8 +35,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.core.records import atomic_write_json, atomic_write_text
 from bench.provenance import cpu_name
+from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -72,11 +72,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import nn  # noqa: E402
 
-from bench.core.records import RunDir, atomic_write_text, read_jsonl  # noqa: E402
+from bench.core.records import RunDir  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
 from bench.partition import partition_of, train_counts  # noqa: E402
 from bench.plots import STYLE, save, write_caption  # noqa: E402
 from bench.spec import expand, label, load_spec, output_base  # noqa: E402
+from common.verified_io import atomic_write_text, read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "table1.yaml"

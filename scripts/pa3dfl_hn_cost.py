@@ -10,8 +10,9 @@ width 64, D encoder layers) on the federation of the paper's setup (100 clients,
 per round, Hetero capacities r_i ~ U[0.01, 1] with R1 = T / 16):
 
 - the method is built as a run builds it: the composed config (``method=pa3dfl model=<model> capacity.setting=hetero
-  ...``) through ``bench.core.builder`` (the zoo's model decomposed by ``Pa3dFL.extend_model``, the full worker, a
-  factory of the narrower workers) and a ``Federation`` without data (no data set is read; nothing here needs it);
+  ...``) through ``bench.builder.build_without_data`` (the zoo's model decomposed by ``Pa3dFL.extend_model``, the
+  full worker, a factory of the narrower workers, a federation without data: no data set is read, nothing here
+  needs it), and every round is the engine's (``Engine.round`` without evaluation);
 - generation per round: ``client_model(cid)`` for the round's 20 participants (the hypernetwork generates every V
   and the local head at full width, Eqs. 9-10, and they are pruned to the client's width);
 - update per round: ``upload`` of the 20 participants (each a forward of the hypernetwork with gradients and the
@@ -20,8 +21,8 @@ per round, Hetero capacities r_i ~ U[0.01, 1] with R1 = T / 16):
   the method's cheap non-hypernetwork work (adding U, biases and norms into Eq. 6's mean, keeping the trained vector):
   O(model size) copies and adds beside the hypernetwork's O(hidden x model size) products;
 - wall-clock seconds with ``time.perf_counter`` around those calls; one warm-up round, then the median over
-  ``--repeats`` rounds (each with the participants the engine would sample for that round); the clients' trained
-  vectors are the received ones plus small noise, made outside the timed calls;
+  ``--repeats`` rounds (each with the participants the engine samples for that round); local training is replaced
+  by the received vector plus small noise, made outside the timed calls;
 - the hypernetwork's parameter count and memory (float32 bytes, MB = 1e6 bytes) and the process's peak resident set
   size (``ru_maxrss``: the model, the narrower workers, the hypernetwork, its gradients and temporaries, and the
   Python/torch runtime). Each configuration runs in its own subprocess, so peaks do not carry over.
@@ -53,6 +54,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this tree's code, also in the measuring subprocess, not an installed checkout's
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_hn_cost.csv"
 #: our config name -> (classes, input channels, image size, the paper's label)
 MODELS: dict[str, tuple[int, int, int, str]] = {
@@ -85,13 +87,11 @@ class Setting:
 
 
 # ------------------------------------------------------------------------------------------------- building
-def build(setting: Setting) -> tuple[Any, Any]:
-    """(Pa3dFL method, set up from the initial model; its hypernetwork) built through the project's builder."""
-    import methods  # noqa: F401  (registers every method)
+def build(setting: Setting) -> Any:
+    """The Pa3dFL experiment of ``setting`` built without data through the project's builder
+    (``bench.builder.build_without_data``), its method set up from the initial model."""
+    from bench.builder import InputShape, build_without_data
     from bench.compose import compose_config, to_container
-    from bench.core.builder import build_worker, method_class, model_builder
-    from bench.core.capacity import client_capacities
-    from bench.core.engine import Federation, WorkerFactory
 
     classes, channels, size, _ = MODELS[setting.model]
     cfg = to_container(compose_config([
@@ -99,26 +99,9 @@ def build(setting: Setting) -> tuple[Any, Any]:
         f"participation={setting.participation}", f"method.embed_dim={setting.embed_dim}",
         f"method.hidden_dim={setting.hidden_dim}", f"method.encoder_depth={setting.depth}", f"seed={setting.seed}",
         *setting.overrides]))
-    cls, hp = method_class(cfg)
-    device = torch.device("cpu")
-    capacities = client_capacities(cfg["capacity"], setting.num_clients, int(cfg["data_seed"]))
-    worker = build_worker(cfg, classes, channels, size, device, cls, hp)
-    factory = WorkerFactory(model_builder(cfg, classes, channels, size, cls, hp), worker)
-    fed = Federation(setting.num_clients, torch.ones(setting.num_clients, dtype=torch.float64), worker, cfg["train"],
-                     device, int(cfg["seed"]), None, factory, capacities)
-    method = cls(fed, hp)
-    method.setup(worker.read())
-    return method, method.state["hn"]["net"]
-
-
-def participants(setting: Setting, round_: int) -> list[int]:
-    """The engine's sample of round ``round_`` (bench.core.engine.Engine.participants)."""
-    from bench.core.seeding import generator
-
-    if setting.participants >= setting.num_clients:
-        return list(range(setting.num_clients))
-    perm = torch.randperm(setting.num_clients, generator=generator(setting.seed, "sample", round_))
-    return sorted(perm[: setting.participants].tolist())
+    experiment = build_without_data(cfg, InputShape(classes, channels, size))
+    experiment.method.setup(experiment.fed.worker.read())
+    return experiment
 
 
 class Clock:
@@ -138,25 +121,33 @@ class Clock:
         self.cpu += time.process_time() - self._cpu
 
 
-def one_round(method: Any, setting: Setting, round_: int) -> dict[str, float]:
-    """Wall and CPU seconds of the generation and of the update of one round with the round's participants."""
-    from bench.core.engine import ClientRound
-
-    chosen = participants(setting, round_)
-    method.begin_round(round_, chosen)
+def one_round(engine: Any, round_: int) -> dict[str, float]:
+    """Wall and CPU seconds of the generation and of the update of round ``round_`` run by the engine
+    (``Engine.round`` without evaluation, with the participants it samples), local training replaced by a small
+    perturbation of the received model (the update needs a model that moved, not a trained one)."""
+    method = engine.method
     generation, update = Clock(), Clock()
-    with generation:
-        received = {cid: method.client_model(cid) for cid in chosen}
-    noise = torch.Generator().manual_seed(round_)
-    for cid in chosen:
-        worker = method.client_worker(cid, "train")
-        start = received[cid]
-        worker.load(start + 1e-3 * torch.randn(start.shape, generator=noise, dtype=start.dtype))
-        task = ClientRound(cid, round_, None, torch.Generator().manual_seed(cid), start, method.fed.lr_at(round_))
-        with update:
-            method.upload(task, worker)
-    with update:
-        method.aggregate(round_, chosen)
+
+    def timed(clock: Clock, hook: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            with clock:
+                return hook(*args)
+
+        return call
+
+    def perturb(task: Any, worker: Any) -> float:
+        noise = torch.randn(task.start.shape, generator=task.generator, dtype=task.start.dtype)
+        worker.load(task.start + 1e-3 * noise)
+        return 0.0
+
+    hooks = {"client_model": timed(generation, method.client_model), "upload": timed(update, method.upload),
+             "aggregate": timed(update, method.aggregate), "train_client": perturb}
+    vars(method).update(hooks)  # shadows the class's hooks on this one object, for this round
+    try:
+        engine.round(round_, evaluate=False)
+    finally:
+        for name in hooks:
+            delattr(method, name)
     return {"generation_s": generation.wall, "update_s": update.wall, "generation_cpu_s": generation.cpu,
             "update_cpu_s": update.cpu}
 
@@ -173,12 +164,14 @@ def measure(setting: Setting) -> dict[str, Any]:
     """Everything Table 9 reports for one setting, measured in this process."""
     baseline = rss_mb()
     built = time.perf_counter()
-    method, net = build(setting)
+    experiment = build(setting)
     build_seconds = time.perf_counter() - built
+    method, engine = experiment.method, experiment.engine()
+    net = method.state["hn"]["net"]
     sizes = [dec[-1].out_features for dec in net.decoders]
     params = sum(p.numel() for p in net.parameters())
-    one_round(method, setting, 1)  # warm-up: narrower workers, layouts, first touch of the gradients' memory
-    rounds = [one_round(method, setting, t) for t in range(2, setting.repeats + 2)]
+    one_round(engine, 1)  # warm-up: narrower workers, layouts, first touch of the gradients' memory
+    rounds = [one_round(engine, t) for t in range(2, setting.repeats + 2)]
     return {
         **asdict(setting), "participants": setting.participants, "generated_layers": len(sizes),
         "generated_entries": sum(sizes), "model_params": method.fed.worker.size,
@@ -214,8 +207,8 @@ def estimate_mb(setting: Setting) -> float:
     accumulated gradient (3 x its float32 bytes), plus 1.5 GB for the models, workers and runtime. The model's
     generated entries come from its plain weights (an upper bound: |V_l| <= the dense weight), built on the
     meta device."""
+    from bench.builder import model_builder
     from bench.compose import compose_config, to_container
-    from bench.core.builder import model_builder
 
     classes, channels, size, _ = MODELS[setting.model]
     cfg = to_container(compose_config([f"model={setting.model}", *setting.overrides]))
@@ -323,8 +316,8 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 def run_table(settings: Sequence[Setting], threads: int, out: Path, command: str,
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every setting (one subprocess each, one after another) and write table9.{md,csv,json} to ``out``."""
-    from bench.core.records import atomic_write_json, atomic_write_text
     from bench.provenance import cpu_name
+    from common.verified_io import atomic_write_json, atomic_write_text
 
     load = os.getloadavg()
     started = time.perf_counter()

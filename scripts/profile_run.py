@@ -86,7 +86,7 @@ class Phases:
 def instrument(phases: Phases) -> None:
     import torch
 
-    import bench.core.builder as builder
+    import bench.builder as builder
     import bench.core.engine as engine
     import bench.run as run
     import bench.wandb_logger as wandb_logger

@@ -82,8 +82,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One point, in this (fresh) process."""
     import torch
 
+    from bench.builder import build_experiment
     from bench.compose import compose_config, to_container
-    from bench.core.builder import build_experiment
     from bench.run import configure_torch, validate
 
     cfg = to_container(compose_config(spec["overrides"]))
@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_point(p) for p in points]
     import torch
 
-    from bench.core.records import atomic_write_json, atomic_write_text
     from bench.provenance import cpu_name
+    from common.verified_io import atomic_write_json, atomic_write_text
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     meta = {"machine": f"{cpu_name() or platform.processor()}, {platform.platform()}", "torch": torch.__version__,

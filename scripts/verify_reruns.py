@@ -1,9 +1,9 @@
 """Rerun a sample of finished runs with this tree's code and compare their records with the stored ones.
 
-After a change to the shared core (``bench/core``, ``datasets``, ``bench/run.py``) every stored run is marked
-stale; this shows, on a sample, whether the change moved any number. Each sampled run is executed again from
-its own ``config.yaml`` into a temporary directory, and every record (minus wall-clock fields) and the
-summary's results must be equal bit for bit.
+After a change to the shared code (``common``, ``bench/core``, ``datasets``, ``bench/builder.py``,
+``bench/run.py``) every stored run is marked stale; this shows, on a sample, whether the change moved any number.
+Each sampled run is executed again from its own ``config.yaml`` into a temporary directory, and every record (minus
+wall-clock fields) and the summary's results must be equal bit for bit.
 
 Usage: ``python scripts/verify_reruns.py runs/fedselect runs/fedc2i --per-method 1 [--out results/bench/reruns.md]``
 """

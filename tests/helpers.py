@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-import methods  # noqa: F401  (registers every method)
+import methods
 from bench.compose import compose_config
-from bench.core.engine import METHODS, Federation, Method, hyperparameters
+from bench.core.engine import Federation, Method, hyperparameters
 from bench.core.flat import FlatModel
 
 FAST = ["dataset=synthetic", "model=small_cnn", "partition=pathological", "num_clients=4", "rounds=3",
@@ -54,7 +54,7 @@ def federation(module: nn.Module, num_clients: int, sizes: list[float] | None = 
 
 def method(name: str, fed: Federation, **hp: Any) -> Method:
     """The registered method ``name`` on ``fed`` with hyperparameters ``hp``, set up from the worker."""
-    cls = METHODS.get(name)
+    cls = methods.load(name)
     m = cls(fed, hyperparameters(cls, hp))
     m.setup(fed.worker.read())
     return m

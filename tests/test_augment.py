@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.builder import build_experiment
 from bench.compose import to_container
-from bench.core.builder import build_experiment
 from bench.spec import cell_config, expand, load_spec
 from datasets.augment import (
     Compose,

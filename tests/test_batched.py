@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from bench.builder import batched_methods, build_experiment
 from bench.compose import to_container
-from bench.core.builder import batched_methods, build_experiment
 from bench.core.data import FederatedData
 from bench.errors import ConfigError, config_phase
 from bench.run import config_hash, validate

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.builder import build_experiment
 from bench.compose import to_container
-from bench.core.builder import build_experiment
 from bench.core.capacity import client_capacities, weakest_width, widths_for
 from bench.run import config_hash, execute, run_dir_for
 from bench.spec import expand, load_spec

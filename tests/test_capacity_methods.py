@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.builder import build_experiment
 from bench.compose import compose_config, to_container
-from bench.core.builder import build_experiment
 from bench.core.models import build_model
 from bench.run import execute
 from bench.spec import expand, load_spec

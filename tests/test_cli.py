@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.records import load_verified
 from bench.run import execute, run_dir_for, to_container
+from common.verified_io import load_verified
 from tests.helpers import cli_args, config, wandb_records
 
 ROOT = Path(__file__).resolve().parent.parent

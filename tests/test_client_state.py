@@ -11,8 +11,8 @@ import torch
 
 from bench.compose import to_container
 from bench.core.client_state import REF_KEY, ClientTables
-from bench.core.records import load_verified
 from bench.run import execute, run_dir_for, validate
+from common.verified_io import load_verified
 from tests.helpers import config
 
 #: a small federation with partial participation, checkpointed every round

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from bench.builder import build_experiment
 from bench.compose import to_container
-from bench.core.builder import build_experiment
 from bench.core.records import RunDir
 from bench.core.summary import early_stop
 from bench.run import config_hash, execute, run_dir_for

@@ -15,7 +15,7 @@ from bench import efficiency as eff
 from methods._decomposed import Decomposed
 
 CPU = torch.device("cpu")
-SHAPE = eff.Shape(num_classes=10, in_channels=3, image_size=32)
+SHAPE = eff.InputShape(num_classes=10, in_channels=3, image_size=32)
 TRAIN = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "grad_clip": None}
 
 

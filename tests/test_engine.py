@@ -10,10 +10,11 @@ import torch
 import yaml
 from torch import nn
 
-from bench.core.builder import build_experiment, build_worker
+from bench.builder import build_experiment, build_worker
 from bench.core.data import FederatedData
-from bench.core.records import RunDir, load_verified
+from bench.core.records import RunDir
 from bench.run import execute, run_dir_for, to_container
+from common.verified_io import load_verified
 from datasets.augment import build_transform
 from datasets.sources import load_source
 from tests.helpers import config

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import methods
 from bench.core.data import FederatedData
 from bench.core.engine import ClientRound, hyperparameters
 from bench.core.models import SplitModel, build_model
 from bench.run import execute
-from methods import METHODS
 from methods.fedc2i import class_losses, influence, leave_one_out
 from methods.fedproto import average_prototypes, nearest_prototype_logits, proto_penalty
 from methods.fedrod import balanced_softmax_loss
@@ -197,7 +197,7 @@ def test_balanced_softmax_loss_on_a_hand_example():
 
 
 def rod_model(personal_init: str = "copy") -> nn.Module:
-    cls = METHODS.get("fedrod")
+    cls = methods.load("fedrod")
     torch.manual_seed(0)
     base = build_model("small_cnn", num_classes=4, in_channels=1, image_size=8)
     return cls.extend_model(base, hyperparameters(cls, {"personal_init": personal_init}))

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.core.records import read_jsonl
 from bench.run import execute, run_dir_for, to_container
+from common.verified_io import read_jsonl
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent

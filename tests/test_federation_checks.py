@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
+from bench.builder import build_experiment, check_clients_nonempty
 from bench.compose import compose_config
-from bench.core.builder import build_experiment, check_clients_nonempty
 from bench.core.data import build_federated_data
 from bench.run import execute, partition_report, to_container
 from datasets.partition import LabelInfo, PartitionError, make_partition

@@ -11,7 +11,8 @@ import torch
 import torchvision
 from torch import nn
 
-from bench.core import builder
+import methods
+from bench import builder
 from bench.core.data import FederatedData
 from bench.core.engine import ClientRound, Federation, hyperparameters
 from bench.core.flat import FlatModel
@@ -20,7 +21,6 @@ from bench.core.pretrained import load_pretrained_source, resolve_pretrained, to
 from bench.run import execute, to_container
 from datasets.augment import build_transform
 from datasets.sources import load_source
-from methods import METHODS
 from methods._masked import select_top, top_count
 from methods.fedselect_cvpr import grow, is_growth_round
 from methods.lgfedavg import local_layers_mask
@@ -57,7 +57,7 @@ def federation(module: nn.Module, num_clients: int, sizes: list[float] | None = 
 
 
 def method(name: str, fed: Federation, init: torch.Tensor | None = None, **hp):
-    cls = METHODS.get(name)
+    cls = methods.load(name)
     m = cls(fed, hyperparameters(cls, {**DEFAULTS[name], **hp}))
     m.setup(fed.worker.read() if init is None else init)
     return m
@@ -571,7 +571,7 @@ def test_pretrained_torch_home_defaults_and_missing_file_message(tmp_path, monke
 
 
 @pytest.mark.skipif(not hasattr(builder, "load_pretrained_source"),
-                    reason="bench/core/builder.py does not route model.pretrained through bench.core.pretrained yet")
+                    reason="bench/builder.py does not route model.pretrained through bench.core.pretrained yet")
 def test_pretrained_torchvision_through_the_builder(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
     reference = fake_torchvision_cache(tmp_path / "th")

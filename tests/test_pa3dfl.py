@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.builder import build_experiment
 from bench.compose import to_container
-from bench.core.builder import build_experiment
 from bench.core.engine import evaluate
 from bench.core.models import MODELS, build_model
 from bench.run import config_hash, execute

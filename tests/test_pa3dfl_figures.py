@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.records import RunDir, atomic_write_json, atomic_write_text
+from bench.core.records import RunDir
 from bench.core.summary import eval_record, summarize
 from bench.run import run_dir_for
 from bench.spec import cell_config, expand, load_spec
+from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "pa3dfl_figures.py"

@@ -56,16 +56,24 @@ def test_a_tiny_configuration_gives_positive_times_and_the_hand_counted_paramete
 
 def test_the_update_changes_the_hypernetwork_and_generation_does_not():
     torch.manual_seed(0)
-    method, net = cost.build(tiny(depth=1))
+    experiment = cost.build(tiny(depth=1))
+    assert experiment.data is None and experiment.fed.data is None  # built without data
+    method, engine = experiment.method, experiment.engine()
+    net = method.state["hn"]["net"]
     before = [p.detach().clone() for p in net.parameters()]
-    method.begin_round(1, cost.participants(tiny(), 1))
-    for cid in cost.participants(tiny(), 1):
+    chosen = engine.participants(1)
+    assert len(chosen) == tiny().participants == 3
+    method.begin_round(1, chosen)
+    for cid in chosen:
         method.client_model(cid)
     assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
-    times = cost.one_round(method, tiny(), 2)
+    times = cost.one_round(engine, 2)
     assert set(times) == {"generation_s", "update_s", "generation_cpu_s", "update_cpu_s"}
     assert all(t > 0 for t in times.values())
     assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))  # one SGD step
+    assert not {"client_model", "upload", "aggregate", "train_client"} & set(vars(method))  # the class's hooks again
+    with pytest.raises(ValueError, match="no data"):  # an engine without data cannot evaluate
+        engine.round(3, evaluate=True)
 
 
 def test_the_paper_numbers_are_read_and_printed_in_their_own_columns(tmp_path, monkeypatch):

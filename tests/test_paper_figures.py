@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.core.records import read_jsonl
 from bench.run import execute, run_dir_for, to_container
 from bench.spec import cell_config, expand, experiment, load_spec
+from common.verified_io import read_jsonl
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent

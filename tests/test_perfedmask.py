@@ -10,13 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from bench.core.builder import build_worker
-from bench.core.data import build_federated_data
+import methods
+from bench.builder import build_experiment
 from bench.core.engine import ClientRound, Federation, hyperparameters
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.run import execute, to_container
-from methods import METHODS
 from methods.perfedmask import body_blocks, client_budgets, masking_vectors, objective
 from tests.helpers import config
 
@@ -30,7 +29,7 @@ def federation(module: nn.Module, num_clients: int, sizes: list[float] | None = 
 
 
 def perfedmask(fed: Federation, **hp):
-    cls = METHODS.get("perfedmask")
+    cls = methods.load("perfedmask")
     m = cls(fed, hyperparameters(cls, {**HP, **hp}))
     m.setup(fed.worker.read())
     return m
@@ -112,12 +111,10 @@ def test_masked_aggregation_averages_each_entry_over_its_trainers_only():
 
 
 def test_local_training_touches_only_masked_blocks_and_post_fine_tunes_everything(tmp_path: Path):
-    conf = to_container(config(tmp_path, "method=perfedmask"))
-    data = build_federated_data(conf["dataset"], conf["partition"], num_clients=conf["num_clients"],
-                                data_seed=int(conf["data_seed"]), cache_dir=None, device=torch.device("cpu"))
-    worker = build_worker(conf, data.num_classes, data.in_channels, data.image_size, torch.device("cpu"))
-    fed = Federation(conf["num_clients"], data.sizes("train"), worker, conf["train"], torch.device("cpu"), 0, data)
-    m = perfedmask(fed, budget=[0.2, 1.0], finetune_epochs=1)
+    experiment = build_experiment(to_container(config(tmp_path, "method=perfedmask", "method.budget=[0.2,1.0]",
+                                                      "method.finetune_epochs=1")))
+    m, worker, data = experiment.method, experiment.fed.worker, experiment.data
+    m.setup(worker.read())
     m.begin_round(1, [0])
     start = m.client_model(0).clone()
     worker.load(start)

@@ -147,8 +147,9 @@ rows:
 def fake_run(path: Path, acc: list[float], n: list[int], counts: list[list[int]] | None) -> Path:
     """A finished run directory with one final evaluation record (``post``: Local records no ``pre``) and, unless
     ``counts`` is None, its partition report's test counts."""
-    from bench.core.records import RunDir, atomic_write_json
+    from bench.core.records import RunDir
     from bench.core.summary import eval_record, summarize
+    from common.verified_io import atomic_write_json
 
     run = RunDir(path)
     path.mkdir(parents=True)

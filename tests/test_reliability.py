@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from bench.compose import to_container
-from bench.core.records import RecordsDamaged, RunDir, load_verified, save_verified
+from bench.core.records import RecordsDamaged, RunDir
 from bench.run import RunDiverged, execute, run_dir_for
+from common.verified_io import load_verified, save_verified
 from tests.helpers import config
 from tests.test_table import SPEC, spec_file
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from bench.builder import build_experiment
 from bench.compose import to_container
 from bench.core import engine
 from bench.core.aggregate import WeightedMean
-from bench.core.builder import build_experiment
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.core.records import RunDir

@@ -19,7 +19,7 @@ from torch import nn
 from bench.core.aggregate import WeightedMean
 from bench.core.engine import METHODS, ClientRound, Federation, Method
 from bench.core.flat import FlatModel
-from bench.core.seeding import derive_seed
+from common.seeding import derive_seed
 from methods.fedavg import FedAvg
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.core.seeding import generator
+from common.seeding import generator
 
 SETTINGS = ("ideal", "hetero", "grid")
 #: the setting of a config without a ``capacity`` entry (configs written before capacities existed)

@@ -49,9 +49,9 @@ from bench.core.client_state import REF_KEY, ClientTables
 from bench.core.data import ClientData, FederatedData
 from bench.core.flat import FlatModel
 from bench.core.records import RunDir
-from bench.core.registry import Registry
-from bench.core.seeding import derive_seed, generator
 from bench.core.summary import early_stop, eval_record, summarize
+from common.registry import Registry
+from common.seeding import derive_seed, generator
 
 METHODS: Registry[type[Method]] = Registry("method")
 
@@ -132,7 +132,7 @@ class Federation:
         if float(width) == 1.0:
             return self.worker
         if self.workers is None:
-            raise ValueError("this federation has no worker factory: build it with bench.core.builder")
+            raise ValueError("this federation has no worker factory: build it with bench.builder")
         return self.workers(width)
 
     def lr_at(self, round_: int) -> float:
@@ -146,7 +146,7 @@ class ClientRound:
 
     cid: int
     round: int  # 1-based
-    data: ClientData
+    data: ClientData | None  # None in an engine without data (cost measurements)
     generator: torch.Generator  # all randomness of this client in this round
     start: torch.Tensor  # the flat model the client started from (valid until ``upload`` returns)
     lr: float
@@ -175,7 +175,7 @@ class Method:
     #: training data (FedBABU, PerFedMask), or None; tables name it in their protocol lines
     post_finetune: ClassVar[str | None] = None
     #: splits ("train", "test") this method copes with being empty on some clients; a partition leaving a client
-    #: without any other split is refused before the run starts (bench.core.builder.check_clients_nonempty)
+    #: without any other split is refused before the run starts (bench.builder.check_clients_nonempty)
     empty_splits: ClassVar[frozenset[str]] = frozenset()
     #: True when this class (not inherited: bench.core.batched.declares_batched) can train its participants
     #: together (``train.batched_clients``): see :mod:`bench.core.batched` for what that requires
@@ -485,7 +485,7 @@ class Engine:
     def __init__(
         self,
         cfg: EngineConfig,
-        data: FederatedData,
+        data: FederatedData | None,
         method: Method,
         run: RunDir | None,
         config_hash: str,
@@ -496,12 +496,13 @@ class Engine:
         self.config_hash = config_hash
         self.callbacks = list(callbacks)
         self.clock = clock
-        self.num_participants = max(1, math.floor(cfg.participation * data.num_clients + 0.5))
+        self.num_clients = method.fed.num_clients
+        self.num_participants = max(1, math.floor(cfg.participation * self.num_clients + 0.5))
 
     def participants(self, round_: int) -> list[int]:
-        if self.num_participants == self.data.num_clients:
-            return list(range(self.data.num_clients))
-        perm = torch.randperm(self.data.num_clients, generator=generator(self.cfg.seed, "sample", round_))
+        if self.num_participants == self.num_clients:
+            return list(range(self.num_clients))
+        perm = torch.randperm(self.num_clients, generator=generator(self.cfg.seed, "sample", round_))
         return sorted(perm[: self.num_participants].tolist())
 
     def is_eval_round(self, round_: int) -> bool:
@@ -556,9 +557,12 @@ class Engine:
               evaluate: bool | None = None) -> list[dict[str, Any]]:
         """One round: local training of the participants, aggregation, evaluation; returns its records.
         ``on_client(task, worker)`` sees each participant's trained worker before its upload; ``evaluate``
-        overrides the evaluation schedule (scripts that only train)."""
+        overrides the evaluation schedule (scripts that only train). An engine without data (a federation built
+        for cost measurements) runs rounds with ``evaluate=False`` and a ``train_client`` that needs no data."""
         method = self.method
         evaluating = self.is_eval_round(round_) if evaluate is None else evaluate
+        if evaluating and self.data is None:
+            raise ValueError(f"round {round_} evaluates, but this engine has no data: call round(t, evaluate=False)")
         lr = method.fed.lr_at(round_)
         clients = self.participants(round_)
         losses, pre = [], []
@@ -587,7 +591,7 @@ class Engine:
             if pre:
                 records += self.stage_records(round_, "pre", clients, pre)
             if "post" in method.eval_stages:
-                everyone = list(range(self.data.num_clients))
+                everyone = list(range(self.num_clients))
                 post = []
                 for cid in everyone:
                     post.append(self.evaluate_client(cid, "post", round_, lr))
@@ -596,8 +600,8 @@ class Engine:
         return records
 
     def task(self, cid: int, round_: int, start: torch.Tensor, lr: float) -> ClientRound:
-        return ClientRound(cid, round_, self.data.client(cid), generator(self.cfg.seed, "train", round_, cid), start,
-                           lr)
+        data = self.data.client(cid) if self.data is not None else None
+        return ClientRound(cid, round_, data, generator(self.cfg.seed, "train", round_, cid), start, lr)
 
     def train_in_turn(self, round_: int, clients: Sequence[int], lr: float
                       ) -> Iterator[tuple[ClientRound, FlatModel, float]]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.core.registry import Registry
+from common.registry import Registry
 
 MODELS: Registry[Callable[..., SplitModel]] = Registry("model")
 

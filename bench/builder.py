@@ -1,7 +1,11 @@
 """The one place where an experiment is assembled: data -> worker -> federation -> method -> engine.
 
 ``bench.run`` (every run, table and launcher), the benchmark, the figure scripts and the tests all build
-through :func:`build_experiment`, so a change in how a run is put together happens once.
+through :func:`build_experiment`, so a change in how a run is put together happens once; the cost tables build
+through :func:`build_without_data` (the same worker, federation and method for an input shape, without data).
+
+The assembly layer: it imports the core, ``datasets`` and, of ``methods``, only the module of the method it builds
+(``methods.load``; a plug-in's method comes from the modules the config ``imports``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import methods  # noqa: F401  (registers every method)
+import methods
 from bench.core.batched import declares_batched
 from bench.core.capacity import IDEAL, WidthRule, client_capacities, shared_width_rule, unaware_width
 from bench.core.client_state import ClientTables
@@ -33,7 +37,7 @@ from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.core.pretrained import load_pretrained_source
 from bench.core.records import RunDir
-from bench.core.seeding import derive_seed
+from common.seeding import derive_seed
 from datasets.partition import Partition
 
 
@@ -54,8 +58,9 @@ def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
 
 
 def batched_methods() -> list[str]:
-    """The registered methods that can train their clients together (``train.batched_clients``)."""
-    return sorted(name for name in METHODS.names() if declares_batched(METHODS.get(name)))
+    """The methods that can train their clients together (``train.batched_clients``), ours and the plug-ins'
+    imported so far."""
+    return sorted(name for name in methods.load_all() if declares_batched(METHODS.get(name)))
 
 
 def check_batched_config(cfg: Mapping[str, Any], method_cls: type[Method]) -> None:
@@ -86,8 +91,8 @@ def import_plugins(cfg: Mapping[str, Any]) -> None:
 
 
 def method_class(cfg: Mapping[str, Any]) -> tuple[type[Method], Any]:
-    """The registered method class of ``cfg['method']`` and its hyperparameters."""
-    cls = METHODS.get(cfg["method"]["name"])
+    """The method class of ``cfg['method']`` (importing only its module) and its hyperparameters."""
+    cls = methods.load(cfg["method"]["name"])
     return cls, hyperparameters(cls, {k: v for k, v in cfg["method"].items() if k != "name"})
 
 
@@ -127,12 +132,22 @@ def build_worker(cfg: Mapping[str, Any], num_classes: int, in_channels: int, ima
     return FlatModel(module.to(device))
 
 
+@dataclass(frozen=True)
+class InputShape:
+    """What a model is built for when there is no data: the classes and the images' channels and size."""
+
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+
 @dataclass
 class Experiment:
-    """An assembled experiment: its data, federation (with the workers) and method."""
+    """An assembled experiment: its data (None when built without data), federation (with the workers) and
+    method."""
 
     config: Mapping[str, Any]
-    data: FederatedData
+    data: FederatedData | None
     fed: Federation
     method: Method
 
@@ -175,13 +190,44 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
         worker = build_worker(cfg, data.num_classes, data.in_channels, data.image_size, device, cls, hp)
         check_model_fits(worker, data.images[:2], data.num_classes, cfg)
         check_clients_nonempty({s: data.sizes(s).tolist() for s in EMPTY_SPLIT_FIX}, cls, cfg["partition"]["scheme"])
-    factory = WorkerFactory(model_builder(cfg, data.num_classes, data.in_channels, data.image_size, cls, hp), worker)
-    state = cfg.get("client_state") or {}
-    tables = ClientTables(data.num_clients, state.get("memory_mb"), client_dir) \
-        if state.get("memory_mb") is not None else None
-    fed = Federation(data.num_clients, data.sizes("train"), worker, cfg["train"], device, int(cfg["seed"]),
-                     data, factory, capacities, shared, tables)
+    shape = InputShape(data.num_classes, data.in_channels, data.image_size)
+    fed = federation(cfg, cls, hp, worker, shape, device, data, capacities, shared, client_dir)
     return Experiment(cfg, data, fed, cls(fed, hp))
+
+
+def build_without_data(cfg: Mapping[str, Any], shape: InputShape, device: torch.device | str = "cpu",
+                       capacities: torch.Tensor | None = None, hp: Any = None) -> Experiment:
+    """The experiment of ``cfg`` for inputs of ``shape`` without data, for cost measurements (sizes, FLOPs, memory,
+    the server's work per round): the same worker, federation and method as :func:`build_experiment`, every
+    client weighted 1. ``capacities`` (r_i per client, float64) replaces the config's capacity setting and sets
+    the number of clients; ``hp`` replaces the method's hyperparameters (the workers are still built with the
+    config's). Its engine runs rounds only with ``evaluate=False`` and a ``train_client`` that needs no data."""
+    device = torch.device(device)
+    import_plugins(cfg)
+    cls, config_hp = method_class(cfg)
+    if capacities is None:
+        capacities = client_capacities(cfg.get("capacity"), int(cfg["num_clients"]), int(cfg["data_seed"]))
+    shared = shared_width_rule(cfg.get("capacity"))
+    cfg = model_scaled(cfg, base_width(cls, capacities, shared))
+    worker = build_worker(cfg, shape.num_classes, shape.in_channels, shape.image_size, device, cls, config_hp)
+    fed = federation(cfg, cls, config_hp, worker, shape, device, None, capacities, shared)
+    return Experiment(cfg, None, fed, cls(fed, config_hp if hp is None else hp))
+
+
+def federation(cfg: Mapping[str, Any], cls: type[Method], hp: Any, worker: FlatModel, shape: InputShape,
+               device: torch.device, data: FederatedData | None, capacities: torch.Tensor,
+               shared: WidthRule | None = None, client_dir: str | os.PathLike | None = None) -> Federation:
+    """The federation around the full-width ``worker``: narrower workers built on demand, clients weighted by
+    their training samples (1 each without data), per-client tables as ``cfg['client_state']`` bounds them."""
+    factory = WorkerFactory(model_builder(cfg, shape.num_classes, shape.in_channels, shape.image_size, cls, hp),
+                            worker)
+    num_clients = data.num_clients if data is not None else len(capacities)
+    sizes = data.sizes("train") if data is not None else torch.ones(num_clients, dtype=torch.float64)
+    state = cfg.get("client_state") or {}
+    tables = ClientTables(num_clients, state.get("memory_mb"), client_dir) \
+        if state.get("memory_mb") is not None else None
+    return Federation(num_clients, sizes, worker, cfg["train"], device, int(cfg["seed"]), data, factory,
+                      capacities, shared, tables)
 
 
 #: what gives an emptied client samples again, per split
