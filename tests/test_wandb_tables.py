@@ -109,7 +109,7 @@ def test_a_committed_table_is_logged_offline_and_reads_back_as_its_csv(tmp_path)
     assert_rows_match_csv(rows, results / "table1.csv")
     stats = json.loads((results / "table1.stats.json").read_text())
     by_cell = {(r["row"], r["column"]): r for r in rows}
-    flags = {(True, False): "✓", (False, False): "✗", (False, True): "✗!"}
+    flags = {(True, False): "✓", (False, False): "✗", (False, True): "✗!", (None, False): ""}  # None: a zero difference
     assert stats["paired"]
     for p in stats["paired"]:
         got = by_cell[(p["other"], p["column"])]
