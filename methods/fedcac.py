@@ -165,9 +165,10 @@ class FedCAC(Method):
         members = torch.empty_like(trained)  # a client's own and its collaborators' models, stacked
         for row in range(len(participants)):
             rows = [row] + groups[row]
-            custom = torch.stack([trained[j] for j in rows], out=members[: len(rows)]).mean(0)  # Eq. 10
-            if round_ == 1 and self._initial is not None:
+            if round_ == 1 and self._initial is not None:  # round1_critical=initial: no Eq. 10 in round 1
                 custom = self._initial.to(models.dtype)
+            else:
+                custom = torch.stack([trained[j] for j in rows], out=members[: len(rows)]).mean(0)  # Eq. 10
             shared = custom if self.hp.noncritical == "as_critical" else global_model
             if every_param:
                 torch.where(masks[row], custom, shared, out=mixed[row])  # Eq. 11
