@@ -130,6 +130,7 @@ plots: setup
 	$(PY) -m bench.plots --scale $(strip $(SCALE))
 	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
 	$(PY) scripts/fedc2i_figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedc2i_figures.py fig4 --skip-missing --scale $(strip $(SCALE)) $(if $(strip $(DATA_ROOT)),--data-root $(strip $(DATA_ROOT)))
 	$(PY) scripts/fedselect_figures.py all --scale $(strip $(SCALE))
 	$(PY) scripts/pa3dfl_figures.py all --scale $(strip $(SCALE))
 

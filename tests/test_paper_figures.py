@@ -1,4 +1,4 @@
-"""FedC2I Fig. 3 and FedSelect Figs. 1-2 are drawn from run records and table CSVs (tiny runs)."""
+"""FedC2I Figs. 3-4 and FedSelect Figs. 1-2 are drawn from run records, data and table CSVs (tiny runs)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from bench.run import execute, run_dir_for, to_container
 from bench.spec import cell_config, expand, experiment, load_spec
 from common.verified_io import read_jsonl
+from datasets.sources import ImageData
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +145,32 @@ def test_figure_commands_skip_what_has_no_runs_yet(tmp_path):
                               env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr
         assert "skipped" in proc.stdout
+
+
+def _domain(name: str, shift: float, labels: list[int]) -> ImageData:
+    images = torch.stack([torch.full((3, 4, 4), shift + i / 100) for i in range(len(labels))])
+    return ImageData(images=images, labels=torch.tensor(labels), classes=tuple("abcdef"), name="toy", split="train",
+                     domain=name)
+
+
+def test_fedc2i_fig4_shows_the_first_image_of_each_of_five_classes_per_domain(tmp_path, monkeypatch):
+    domains = [_domain("standin_one", 0.0, [5, 1, 0, 2, 3, 4, 1]), _domain("standin_two", 0.5, [4, 3, 2, 1, 0, 0])]
+    grid = fedc2i_figures.class_examples(domains)
+    # domain one: class 0 is image 2, class 1 image 1 (the first of two); domain two: class 0 is image 4
+    assert [[round(float(img[0, 0, 0]), 4) for img in row] for row in grid] == [
+        [0.02, 0.01, 0.03, 0.04, 0.05], [0.54, 0.53, 0.52, 0.51, 0.5]]
+    with pytest.raises(ValueError, match="no training image of class 4"):
+        fedc2i_figures.class_examples([_domain("d", 0.0, [0, 1, 2, 3])])
+
+    seen = []
+    monkeypatch.setattr(fedc2i_figures, "load_sources", lambda cfg, root: (seen.append((cfg["name"], root)), (
+        domains, domains))[1])
+    figures = drawn_figures(monkeypatch, fedc2i_figures)
+    fedc2i_figures.fig4("mini", "/data", tmp_path)
+    assert seen == [("digit5_standin", "/data"), ("office10_standin", "/data")]
+    drawn = figures["fig4_digit5"].axes
+    assert len(drawn) == 10 and drawn[0].get_title() == "a" and drawn[0].get_ylabel() == "one"
+    assert float(drawn[5].images[0].get_array()[0, 0, 0]) == pytest.approx(0.54)  # row 2, column 1: domain two, class 0
+    fedc2i_figures.fig4("paper", None, tmp_path)
+    assert [name for name, _ in seen[2:]] == ["digit5", "office10"]
+    assert fedc2i_figures.dataset_config("digit5_standin")["options"]["size"] == 32  # interpolation resolved
