@@ -78,10 +78,10 @@ from bench.builder import (
     model_builder,
     model_scaled,
 )
-from bench.compose import compose_config, to_container
 from bench.core.capacity import PREFERRED_WIDTHS, weakest_width
 from bench.core.engine import make_optimizer
-from bench.provenance import cpu_name
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.provenance import cpu_name
 from common.seeding import derive_seed
 from common.verified_io import atomic_write_json, atomic_write_text
 
@@ -145,7 +145,7 @@ def ratio_label(ratio: Fraction) -> str:
 def method_config(name: str, overrides: Sequence[str] = DEFAULT_CONFIG, seed: int = 0) -> dict[str, Any]:
     """The resolved run config of method ``name`` with ``overrides`` (Hydra syntax; ``NAME:key=value`` applies to
     method ``NAME`` only), checked as a run's config is."""
-    from bench.validation import check_config
+    from bench.experiment.validation import check_config
 
     own = []
     for item in overrides:

@@ -23,8 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from bench.plots import STYLE, finished_run, heatmap, save  # noqa: E402
-from bench.spec import output_base  # noqa: E402
+from bench.experiment.plots import STYLE, finished_run, heatmap, save  # noqa: E402
+from bench.experiment.spec import output_base  # noqa: E402
 from common.verified_io import read_jsonl  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "conf" / "paper" / "fedc2i"

@@ -11,11 +11,11 @@
     python scripts/fedcac_figures.py fig1b [--scale mini]  # last-layer sensitivity, 4:4:1:1 class mix
     python scripts/fedcac_figures.py all [--scale mini]    # every figure whose records exist (make plots)
 
-Figs. 3-6 read the table CSVs written by ``python -m bench.table conf/paper/fedcac/figN.yaml``; Fig. 7 reads the
-runs of ``conf/paper/fedcac/fig7.yaml`` (``make fedcac-fig7``); Fig. 8 builds the partitions of
+Figs. 3-6 read the table CSVs written by ``python -m bench.experiment.table conf/paper/fedcac/figN.yaml``; Fig. 7 reads
+the runs of ``conf/paper/fedcac/fig7.yaml`` (``make fedcac-fig7``); Fig. 8 builds the partitions of
 ``conf/paper/fedcac/fig8.yaml`` (no training); Figs. 1a and 1b train the cells of ``fig1a.yaml`` / ``fig1b.yaml``
-(seeded; a ``--dry-run`` of ``bench.table`` checks those setups at paper scale). Figs. 1a, 1b, 7 and 8 state the
-paper's claim and whether ours holds under the figure and in ``<figure>.caption.txt`` beside it.
+(seeded; a ``--dry-run`` of ``bench.experiment.table`` checks those setups at paper scale). Figs. 1a, 1b, 7 and 8 state
+the paper's claim and whether ours holds under the figure and in ``<figure>.caption.txt`` beside it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import yaml  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.builder import build_experiment  # noqa: E402
-from bench.plots import STYLE, save, write_caption  # noqa: E402
-from bench.spec import output_base  # noqa: E402
+from bench.experiment.plots import STYLE, save, write_caption  # noqa: E402
+from bench.experiment.spec import output_base  # noqa: E402
 from common.verified_io import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ OUT = Path("results/fedcac/figures")
 def table_csv(name: str, scale: str) -> pd.DataFrame:
     path = output_base("fedcac", name, scale).with_suffix(".csv")
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run python -m bench.table conf/paper/fedcac/{name}.yaml "
+        raise FileNotFoundError(f"{path} not found: run python -m bench.experiment.table conf/paper/fedcac/{name}.yaml "
                                 f"--scale {scale} first")
     return pd.read_csv(path)
 
@@ -92,7 +92,7 @@ def spec_path(name: str) -> Path:
 
 def spec_cells(name: str, scale: str) -> list[tuple[str, dict]]:
     """(column, config) of every cell of ``conf/paper/fedcac/<name>.yaml`` at ``scale`` (its first seed only)."""
-    from bench.spec import cell_config, expand, load_spec
+    from bench.experiment.spec import cell_config, expand, load_spec
 
     cells = expand(load_spec(spec_path(name)), scale)
     first = min(c.seed for c in cells)
@@ -192,8 +192,8 @@ def fig7(run: Path, scale: str = "mini", seeds: list[Path] | None = None) -> lis
 def fig7_runs(scale: str, runs: str = "runs") -> list[Path]:
     """The finished runs (seed order) of the Fig. 7 spec at ``scale``."""
     from bench.core.records import RunDir
-    from bench.run import run_dir_for
-    from bench.spec import cell_config, expand, load_spec
+    from bench.experiment.run import run_dir_for
+    from bench.experiment.spec import cell_config, expand, load_spec
 
     found = [run_dir_for(cell_config(c)) for c in expand(load_spec(spec_path("fig7")), scale, out_dir=runs)]
     return [r for r in found if RunDir(r).is_complete()]
@@ -227,7 +227,7 @@ def fig8_claims(stats: list[tuple[str, dict[str, float]]]) -> str:
 
 def fig8(scale: str = "mini") -> list[Path]:
     """The partitions of the Fig. 8 spec's columns (seed 0) as dot plots side by side (size = samples)."""
-    from bench.partition import partition_of, train_counts
+    from bench.experiment.partition import partition_of, train_counts
 
     panels = []
     for column, cfg in spec_cells("fig8", scale):

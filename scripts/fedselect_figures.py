@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # are found through this tree's spec expansion (its runs' exp)
 sys.path.insert(0, str(ROOT))
 
-from bench.plots import STYLE, finished_run, heatmap, save  # noqa: E402
-from bench.spec import load_spec, output_base, paper_numbers  # noqa: E402
+from bench.experiment.plots import STYLE, finished_run, heatmap, save  # noqa: E402
+from bench.experiment.spec import load_spec, output_base, paper_numbers  # noqa: E402
 from common.verified_io import read_jsonl  # noqa: E402
 
 SPECS = ROOT / "conf" / "paper" / "fedselect"

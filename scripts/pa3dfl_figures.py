@@ -31,7 +31,7 @@ R2 = R1), not counted by formula. The paper's own formulas (Eqs. 12-15) were los
 
 Fig. 5 (partitions, App. E): for each Table 1 column of the scale, a clients x classes heat map of the training
 samples (train + validation parts) of seed 0's partition, built from the data when it is present, else from the
-official label counts (``datasets/label_counts.py``), as ``bench.precheck.dry_build`` does.
+official label counts (``datasets/label_counts.py``), as ``bench.experiment.precheck.dry_build`` does.
 
 Attention (no paper figure; Pa3dFL's own records): per round, from the ``kind: method`` records of Table 1's Pa3dFL
 runs, the attention's entropy after the round's hypernetwork step (the mean over generated layers of the per-layer
@@ -74,9 +74,9 @@ from torch import nn  # noqa: E402
 
 from bench.core.records import RunDir  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
-from bench.partition import partition_of, train_counts  # noqa: E402
-from bench.plots import STYLE, save, write_caption  # noqa: E402
-from bench.spec import expand, label, load_spec, output_base  # noqa: E402
+from bench.experiment.partition import partition_of, train_counts  # noqa: E402
+from bench.experiment.plots import STYLE, save, write_caption  # noqa: E402
+from bench.experiment.spec import expand, label, load_spec, output_base  # noqa: E402
 from common.verified_io import atomic_write_text, read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,8 +102,8 @@ def table_runs(spec_path: str | Path, scale: str, out_dir: str = "runs", columns
     search chose (``<results>/.../<table>.tuning.json``) as the table ran them; the Hetero columns unless ``columns``
     is given. A row whose method folder does not exist is skipped without composing its cells' configs (composing one
     takes a noticeable fraction of a second)."""
-    from bench.manifest import cell_dirs
-    from bench.tuning import with_tuned
+    from bench.experiment.manifest import cell_dirs
+    from bench.experiment.tuning import with_tuned
 
     spec = with_tuned(load_spec(spec_path), scale, results)
     wanted = list(columns) if columns is not None else hetero_columns(spec)
@@ -609,7 +609,7 @@ def draw_fig4(data: Sequence[Mapping[str, Any]], path: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------ Fig. 5: partitions
 def fig5_data(scale: str, seed: int = 0, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Per Table 1 column of ``scale`` (or ``columns``): its seed-``seed`` partition's clients x classes counts."""
-    from bench.spec import cell_config
+    from bench.experiment.spec import cell_config
 
     spec = load_spec(SPEC)
     out, seen = [], set()
@@ -791,7 +791,8 @@ def sweep_claims(name: str, data: Sequence[Mapping[str, Any]]) -> str:
 
 def sweep_figure(name: str, scale: str = "mini", out_dir: str = "runs", results: str = "results") -> list[Path]:
     """Accuracy against the swept parameter of a sweep spec (``fig8``: lambda, ``fig_hn_depth``: the hypernetwork's
-    depth), one line per column, from the table's CSV (``python -m bench.table conf/paper/pa3dfl/<name>.yaml``)."""
+    depth), one line per column, from the table's CSV (``python -m bench.experiment.table
+    conf/paper/pa3dfl/<name>.yaml``)."""
     import pandas as pd
 
     path = output_base("pa3dfl", name, scale, results).with_suffix(".csv")

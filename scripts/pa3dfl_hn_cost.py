@@ -91,7 +91,7 @@ def build(setting: Setting) -> Any:
     """The Pa3dFL experiment of ``setting`` built without data through the project's builder
     (``bench.builder.build_without_data``), its method set up from the initial model."""
     from bench.builder import InputShape, build_without_data
-    from bench.compose import compose_config, to_container
+    from bench.experiment.compose import compose_config, to_container
 
     classes, channels, size, _ = MODELS[setting.model]
     cfg = to_container(compose_config([
@@ -208,7 +208,7 @@ def estimate_mb(setting: Setting) -> float:
     generated entries come from its plain weights (an upper bound: |V_l| <= the dense weight), built on the
     meta device."""
     from bench.builder import model_builder
-    from bench.compose import compose_config, to_container
+    from bench.experiment.compose import compose_config, to_container
 
     classes, channels, size, _ = MODELS[setting.model]
     cfg = to_container(compose_config([f"model={setting.model}", *setting.overrides]))
@@ -316,7 +316,7 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 def run_table(settings: Sequence[Setting], threads: int, out: Path, command: str,
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every setting (one subprocess each, one after another) and write table9.{md,csv,json} to ``out``."""
-    from bench.provenance import cpu_name
+    from bench.experiment.provenance import cpu_name
     from common.verified_io import atomic_write_json, atomic_write_text
 
     load = os.getloadavg()

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.run import execute, run_dir_for, to_container
+from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import read_jsonl
 from tests.helpers import config, drawn_figures, plotted
 

@@ -16,10 +16,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.builder import build_experiment
-from bench.compose import to_container
 from bench.core.engine import evaluate
 from bench.core.models import MODELS, build_model
-from bench.run import config_hash, execute
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute
 from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
@@ -89,7 +89,7 @@ TABLE_MODELS = {"resnet18_gn": ("resnet18", 10, {"norm": "gn", "gn_groups": 2}),
 
 
 def test_table_models_are_the_ones_the_pa3dfl_specs_use():
-    from bench.spec import load_spec
+    from bench.experiment.spec import load_spec
     specs = [load_spec(ROOT / "conf" / "paper" / "pa3dfl" / f"table{t}.yaml") for t in (1, 3)]
     used = {c["model"] for s in specs for c in s["columns"]} | {s["scales"]["mini"]["model"] for s in specs}
     assert used == set(TABLE_MODELS)

@@ -17,8 +17,8 @@ import pytest
 
 from bench.core.records import RunDir
 from bench.core.summary import eval_record, summarize
-from bench.run import run_dir_for
-from bench.spec import cell_config, expand, load_spec
+from bench.experiment.run import run_dir_for
+from bench.experiment.spec import cell_config, expand, load_spec
 from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent

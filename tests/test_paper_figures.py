@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.run import execute, run_dir_for, to_container
-from bench.spec import cell_config, expand, experiment, load_spec
+from bench.experiment.run import execute, run_dir_for, to_container
+from bench.experiment.spec import cell_config, expand, experiment, load_spec
 from common.verified_io import read_jsonl
 from tests.helpers import config, drawn_figures, plotted
 

@@ -1,4 +1,5 @@
-"""``bench.report``: the static results page from a small fake results tree written through ``bench.render``."""
+"""``bench.experiment.report``: the static results page from a small fake results tree written through
+``bench.experiment.render``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from bench import report  # noqa: E402
-from bench.render import write_table  # noqa: E402
+from bench.experiment import report  # noqa: E402
+from bench.experiment.render import write_table  # noqa: E402
 
 NAN = math.nan
 ODD = "A<b>&c"  # a method name that must come out escaped
@@ -25,7 +26,7 @@ PROTOCOL = {"stage": "post", "selection": "best", "weighting": "unweighted"}
 
 
 def frame_of(cells: list[tuple[Any, ...]], **attrs: Any) -> pd.DataFrame:
-    """A collected frame (``bench.collect.collect``'s columns) from (method, column, mean, std, seeds,
+    """A collected frame (``bench.experiment.collect.collect``'s columns) from (method, column, mean, std, seeds,
     paper_mean, paper_std) tuples."""
     rows = [{"method": m, "column": c, "mean": mean, "std": std, "seeds": n, "paper_mean": pm, "paper_std": ps,
              "paper_source": "table" if not math.isnan(pm) else ""} for m, c, mean, std, n, pm, ps in cells]
@@ -207,7 +208,7 @@ def test_secondary_paper_numbers_are_marked_in_markdown_latex_and_page(tmp_path:
 
 
 def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) -> None:
-    from bench.render import rerender
+    from bench.experiment.render import rerender
 
     paired = [{"column": "C1", "row": "FedX", "other": "FedAvg", "best_other": "FedAvg", "seeds": 2, "mean_diff": 2.0,
                "std_diff": NAN, "ci_low": NAN, "ci_high": NAN, "confidence": 0.95, "higher_in": 2,
@@ -223,7 +224,7 @@ def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) ->
     assert rerender(spec, "mini", tmp_path) == md
     assert {suffix: md.with_suffix(suffix).read_text() for suffix in written} == written
     write_table(spec, "mini", frame, ["failed: FedX | C1 | seed 1"], tmp_path)  # a mark the CSV does not record
-    with pytest.raises(ValueError, match="python -m bench.table"):
+    with pytest.raises(ValueError, match="python -m bench.experiment.table"):
         rerender(spec, "mini", tmp_path)
     with pytest.raises(FileNotFoundError, match="write the table first"):
         rerender(spec_of("epsilon", "1", ["FedAvg"]), "mini", tmp_path)

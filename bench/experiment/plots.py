@@ -1,6 +1,6 @@
 """Figures from run records, in one style (PNG and PDF side by side).
 
-``python -m bench.plots [--scale mini] [spec ...]`` draws, for every table spec (default: all of
+``python -m bench.experiment.plots [--scale mini] [spec ...]`` draws, for every table spec (default: all of
 ``conf/paper/*/``) whose runs exist, one learning-curve figure per column: one line per row (method),
 mean over seeds with a band of +- one std, into ``results/<paper>/figures/``. Paper-specific figures
 (``scripts/<paper>_figures.py``) come on top of these; ``make plots`` runs both.
@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.collect import curves  # noqa: E402
+from bench.experiment.collect import curves  # noqa: E402
 
 STYLE = {"figure.dpi": 120, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
          "axes.spines.right": False, "font.size": 9, "legend.frameon": False}
@@ -89,10 +89,10 @@ def heatmap(ax: plt.Axes, matrix: Sequence[Sequence[float]], labels: Sequence[st
 def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str | None = None, seed: int | None = None,
                  out_dir: str = "runs", results_dir: str = "results") -> Path | None:
     """The run directory of one finished cell of a table spec (first column / seed when not given), or None; from
-    the table's manifest where it lists the cell (:func:`bench.manifest.cell_dirs`)."""
+    the table's manifest where it lists the cell (:func:`bench.experiment.manifest.cell_dirs`)."""
     from bench.core.records import RunDir
-    from bench.manifest import cell_dirs
-    from bench.spec import expand, load_spec
+    from bench.experiment.manifest import cell_dirs
+    from bench.experiment.spec import expand, load_spec
 
     spec = load_spec(spec_path)
     for cell in expand(spec, scale, out_dir=out_dir):
@@ -106,8 +106,8 @@ def finished_run(spec_path: str | os.PathLike, scale: str, row: str, column: str
 def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs",
                  results_dir: str = "results") -> list[Path]:
     """Learning curves of one table spec's finished runs, one figure per column."""
-    from bench.spec import load_spec
-    from bench.tuning import with_tuned
+    from bench.experiment.spec import load_spec
+    from bench.experiment.tuning import with_tuned
 
     spec = with_tuned(load_spec(spec_path), scale, results_dir)  # the rows' searched values, as the table ran
     return spec_curves(spec, scale, out_dir, results_dir)
@@ -116,11 +116,11 @@ def table_curves(spec_path: str | os.PathLike, scale: str, out_dir: str = "runs"
 def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results_dir: str = "results",
                 seeds: Sequence[int] | None = None, extra: Sequence[str] = ()) -> list[Path]:
     """Learning curves of a loaded table spec's finished runs (its cells with ``seeds`` and ``extra`` overrides, as
-    :func:`bench.spec.expand` takes them; their directories from the table's manifest where it lists them), one figure
-    per column, under ``<results_dir>/<paper>/figures/curves/``."""
+    :func:`bench.experiment.spec.expand` takes them; their directories from the table's manifest where it lists them),
+    one figure per column, under ``<results_dir>/<paper>/figures/curves/``."""
     from bench.core.records import RunDir
-    from bench.manifest import cell_dirs
-    from bench.spec import expand, label, output_base, slug
+    from bench.experiment.manifest import cell_dirs
+    from bench.experiment.spec import expand, label, output_base, slug
 
     groups: dict[str, dict[str, list[Path]]] = {}
     for cell, run in cell_dirs(spec, scale, expand(spec, scale, seeds, out_dir, extra), results_dir).items():
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out-dir", default="runs")
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
-    root = Path(__file__).resolve().parent.parent / "conf" / "paper"
+    root = Path(__file__).resolve().parents[2] / "conf" / "paper"
     specs = args.spec or sorted([*root.glob("*/table*.yaml"), *root.glob("*/fig*.yaml")])
     for spec in specs:
         paths = table_curves(spec, args.scale, args.out_dir, args.results)

@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 
 from common.registry import Registry
 
-LAUNCHER_DIR = Path(__file__).resolve().parent.parent / "conf" / "launcher"
+LAUNCHER_DIR = Path(__file__).resolve().parents[2] / "conf" / "launcher"
 LAUNCHERS = Registry("launcher")
 
 
@@ -99,7 +99,7 @@ def usable_cores() -> int:
 
 def run_config(index: int, cfg: Mapping[str, Any], reraise: Callable[[], bool] = lambda: False) -> Outcome:
     """Execute one config; an exception becomes a failed outcome (``reraise()`` true: it propagates)."""
-    from bench.run import execute
+    from bench.experiment.run import execute
 
     started = time.time()
     try:
@@ -189,7 +189,7 @@ def follow_parent(parent: str, every: float = 0.5) -> None:
 # ------------------------------------------------------------------------------------------------ worker pool
 def run_log(log_dir: Path, cfg: Mapping[str, Any]) -> Path:
     """Where a pool worker writes the output of the run of ``cfg``: named after its run directory."""
-    from bench.identity import run_dir_for
+    from bench.experiment.identity import run_dir_for
 
     return log_dir / f"{cfg['method']['name']}--{run_dir_for(cfg).name}.log"
 
@@ -222,7 +222,7 @@ def worker_main(conn: Connection, parent: str | None, log_dir: str | None) -> No
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's time-out warning: the job process requeues the batch
     logs = Path(log_dir) if log_dir else None
     with output_to(logs / f"worker-{os.getpid()}.log") if logs else contextlib.nullcontext():
-        import bench.run  # noqa: F401 - torch and every method, paid once per worker
+        import bench.experiment.run  # noqa: F401 - torch and every method, paid once per worker
         from bench.core.data import sharing_sources
 
         conn.send(("ready", os.getpid()))

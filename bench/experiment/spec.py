@@ -1,6 +1,6 @@
 """Table specs: loading, the typed schema, expansion into (row, column, seed) cells, names, and the published numbers.
 
-A table spec (YAML) is documented in :mod:`bench.table`. This module checks one against its schema
+A table spec (YAML) is documented in :mod:`bench.experiment.table`. This module checks one against its schema
 (:class:`TableSpec`), turns it into cells, each with its full Hydra override list in the one order
 :func:`cell_overrides` defines, and reads the paper's numbers from ``conf/paper/paper_tables.csv``.
 """
@@ -18,10 +18,10 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from bench.compose import compose_config, to_container
-from bench.spec_schema import SCALES, Column, Row, TableSpec
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.spec_schema import SCALES, Column, Row, TableSpec
 
-PAPER_TABLES = Path(__file__).resolve().parent.parent / "conf" / "paper" / "paper_tables.csv"
+PAPER_TABLES = Path(__file__).resolve().parents[2] / "conf" / "paper" / "paper_tables.csv"
 #: where each scale's tables go under results/<paper>/ ("" = the paper's folder itself)
 SCALE_FOLDERS = {"mini": "", "medium": "medium", "paper": "paper-scale"}
 
@@ -112,7 +112,8 @@ def cell_overrides(spec: TableSpec, scale: str, row: Row, column: Column, seed: 
         add((*r, "protocol", key) if own else ("protocol", key),
             [f"eval.primary.{key}={(row.protocol if own else spec.protocol)[key]}"])  # type: ignore[index]
     experiment = spec.exp or f"{spec.paper}/{table_label(spec.table)}"
-    add(("(bench.table: the experiment and --out-dir)",), [f"exp={experiment}/{scale}", f"out_dir={out_dir}"])
+    add(("(bench.experiment.table: the experiment and --out-dir)",), [f"exp={experiment}/{scale}",
+                                                                      f"out_dir={out_dir}"])
     dataset = block.datasets.get(column.dataset, column.dataset)
     stand_in = column.dataset in block.datasets
     add((*s, "datasets", column.dataset) if stand_in else (*c, "dataset"), [f"dataset={dataset}"])

@@ -1,15 +1,15 @@
 """A table's manifest: which run directory holds each cell, by which config and code, as the table ran.
 
-``bench.table`` writes ``<results>/<paper>/[<scale folder>/]<table>.manifest.json`` beside the table: per cell (row,
-column, seed) its run directory relative to the runs' ``out_dir``, the run's config hash and the code hash its summary
-records, and a digest of the cell's Hydra overrides. Readers of finished runs (``bench.collect``, ``bench.plots``, the
-figure scripts) take a cell's directory from it, without composing the cell's config (Hydra, torch and every method
-imported), whenever the cell's overrides are the ones the table ran; any other cell is composed as before. A manifest
-therefore names the runs a table was computed from: a change of ``conf/`` defaults is seen by the next table run,
-which composes every cell and writes the manifest again.
+``bench.experiment.table`` writes ``<results>/<paper>/[<scale folder>/]<table>.manifest.json`` beside the table: per
+cell (row, column, seed) its run directory relative to the runs' ``out_dir``, the run's config hash and the code hash
+its summary records, and a digest of the cell's Hydra overrides. Readers of finished runs (``bench.experiment.collect``,
+``bench.experiment.plots``, the figure scripts) take a cell's directory from it, without composing the cell's config
+(Hydra, torch and every method imported), whenever the cell's overrides are the ones the table ran; any other cell is
+composed as before. A manifest therefore names the runs a table was computed from: a change of ``conf/`` defaults is
+seen by the next table run, which composes every cell and writes the manifest again.
 
-``python -m bench.manifest <spec> --scale medium`` writes the manifest of a table from its cells' composed configs
-(for tables computed before manifests existed)."""
+``python -m bench.experiment.manifest <spec> --scale medium`` writes the manifest of a table from its cells' composed
+configs (for tables computed before manifests existed)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.identity import IDENTITY_VERSION
-from bench.spec import Cell, label, output_base
+from bench.experiment.identity import IDENTITY_VERSION
+from bench.experiment.spec import Cell, label, output_base
 
 #: the layout of a manifest file
 MANIFEST_VERSION = 1
@@ -86,10 +86,10 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def cell_dirs(spec: Mapping[str, Any], scale: str, cells: Sequence[Cell],
               results_dir: str | os.PathLike = "results") -> dict[Cell, Path]:
     """The run directory of every cell: from the table's manifest where it lists the cell with the same overrides,
-    else from the cell's composed config (:func:`bench.identity.run_dir_for`)."""
+    else from the cell's composed config (:func:`bench.experiment.identity.run_dir_for`)."""
     listed = {(e["row"], e["column"], e["seed"], e["overrides"]): e["run_dir"]
               for e in _read(manifest_path(spec, scale, results_dir))}
-    from bench.compose import sharing_compositions
+    from bench.experiment.compose import sharing_compositions
 
     out = {}
     with sharing_compositions():  # the cells not listed: each distinct list of group choices composed once
@@ -101,16 +101,16 @@ def cell_dirs(spec: Mapping[str, Any], scale: str, cells: Sequence[Cell],
 
 def composed_dir(cell: Cell) -> Path:
     """A cell's run directory from its composed config (Hydra)."""
-    from bench.identity import run_dir_for
-    from bench.spec import cell_config
+    from bench.experiment.identity import run_dir_for
+    from bench.experiment.spec import cell_config
 
     return run_dir_for(cell_config(cell))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from bench.compose import sharing_compositions
-    from bench.spec import SCALES, expand, load_spec
-    from bench.tuning import with_tuned
+    from bench.experiment.compose import sharing_compositions
+    from bench.experiment.spec import SCALES, expand, load_spec
+    from bench.experiment.tuning import with_tuned
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="+", help="table specs, e.g. conf/paper/fedcac/table2.yaml")

@@ -197,7 +197,8 @@ def unlisted_group_keys(conf_dir: str | Path) -> list[str]:
 
 
 class UnclassifiedKey(ValueError):
-    """A config key that :mod:`bench.identity` does not classify: it would enter or leave every run's hash silently."""
+    """A config key that :mod:`bench.experiment.identity` does not classify: it would enter or leave every run's hash
+    silently."""
 
 
 def _classify(key: str) -> str:
@@ -230,7 +231,8 @@ def semantic_config(cfg: Mapping[str, Any], version: int = IDENTITY_VERSION) -> 
             kind = _classify(key)
             if kind == "unclassified":
                 raise UnclassifiedKey(
-                    f"config key {key!r} is not classified in bench/identity.py: add it to SEMANTIC (it changes what a "
+                    f"config key {key!r} is not classified in bench/experiment/identity.py: add it to SEMANTIC (it "
+                        "changes what a "
                     "run computes: every existing run with it moves), to ADDED with the value at which it changes "
                     "nothing (existing runs keep their directories) or to NON_SEMANTIC")
             if kind == "non-semantic" or (kind == "added" and ADDED[key](value)):

@@ -1,9 +1,9 @@
-"""Run one experiment from a config: ``python -m bench.run method=fedavg dataset=digits seed=0``.
+"""Run one experiment from a config: ``python -m bench.experiment.run method=fedavg dataset=digits seed=0``.
 
 Hydra composes the config from ``conf/``; multirun (``-m seed=0,1,2 method=fedavg,local``) fans out.
 The run directory is derived from the config (``<out_dir>/<exp>/<method>/<dataset>-<scheme>-s<seed>-<hash>``,
-:mod:`bench.identity`), so the same command finds its own directory again: a finished run is reused, a killed one
-resumes from its checkpoint.
+:mod:`bench.experiment.identity`), so the same command finds its own directory again: a finished run is reused, a killed
+one resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ from bench.builder import (
     import_plugins,
     method_class,
 )
-from bench.compose import to_container
 from bench.core.capacity import IDEAL, check_capacity_config
 from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import Diverged
 from bench.core.models import MODELS
 from bench.core.records import RunDir
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, early_stop, final_eval, pick
-from bench.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
-from bench.identity import config_hash, run_dir_for, semantic_config
-from bench.provenance import code_identity, cpu_kernels
-from bench.validation import check_config, check_hyperparameter_types
+from bench.experiment.compose import to_container
+from bench.experiment.errors import DEBUG_ENV, ConfigError, config_phase, debugging, hydra_message, message, report
+from bench.experiment.identity import config_hash, run_dir_for, semantic_config
+from bench.experiment.provenance import code_identity, cpu_kernels
+from bench.experiment.validation import check_config, check_hyperparameter_types
 from common.verified_io import atomic_write_json, atomic_write_text, scan_records
 from datasets.partition import PARTITIONERS
 from datasets.partition_report import partition_label, render_partition_report, report_key, write_report_files
@@ -52,7 +52,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     ``check_device=False`` when the run goes to another machine (a Slurm login node often has no GPU)."""
     import_plugins(cfg)
     check_config(cfg)
-    semantic_config(cfg)  # every key classified as part of a run's identity or not (bench.identity)
+    semantic_config(cfg)  # every key classified as part of a run's identity or not (bench.experiment.identity)
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
     check_hyperparameter_types(methods.load(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
     check_batched_config(cfg, method_class(cfg)[0])
@@ -238,8 +238,8 @@ def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:
 
 
 def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:
-    from bench.progress import ProgressBar
-    from bench.wandb_logger import WandbLogger
+    from bench.experiment.progress import ProgressBar
+    from bench.experiment.wandb_logger import WandbLogger
 
     callbacks: list[Any] = [ProgressBar(conf["rounds"], disable=bool(conf.get("quiet")),
                                         desc=f"{conf['method']['name']} s{conf['seed']}")]
@@ -267,17 +267,17 @@ def hydra_task(cfg: DictConfig) -> None:
 
 
 def main() -> int:
-    """``python -m bench.run``: configuration errors (:mod:`bench.errors`) and Hydra's override and config-group
-    errors give a short message and exit status 2; ``PFL_DEBUG=1`` or ``HYDRA_FULL_ERROR=1`` shows their
-    traceback. Other failures keep theirs."""
+    """``python -m bench.experiment.run``: configuration errors (:mod:`bench.experiment.errors`) and Hydra's override
+    and config-group errors give a short message and exit status 2; ``PFL_DEBUG=1`` or ``HYDRA_FULL_ERROR=1`` shows
+    their traceback. Other failures keep theirs."""
     import hydra
     from hydra.errors import HydraException
 
     # the task comes from the importable module, not __main__, so that submitit's launchers pickle it by
     # reference (a function of __main__ would be pickled by value, with unpicklable torch globals)
-    from bench.run import hydra_task as task
+    from bench.experiment.run import hydra_task as task
 
-    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
+    conf_dir = str(Path(__file__).resolve().parents[2] / "conf")
     app = hydra.main(config_path=conf_dir, config_name="config", version_base="1.3")(task)
     if debugging() or os.environ.get("HYDRA_FULL_ERROR") == "1":
         os.environ[DEBUG_ENV] = "1"  # the task too lets configuration errors through to Hydra

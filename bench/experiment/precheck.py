@@ -4,8 +4,8 @@
 partition (cached for the jobs), so that missing data or an impossible partition (one leaving a client without
 data its method needs, ``bench.builder.partition_check``) fails before anything starts.
 
-:func:`dry_build` (``python -m bench.table <spec> --dry-run``) builds every cell's partition for every seed without
-needing the data: from the real labels where the data set loads here, else from the data set's official label
+:func:`dry_build` (``python -m bench.experiment.table <spec> --dry-run``) builds every cell's partition for every seed
+without needing the data: from the real labels where the data set loads here, else from the data set's official label
 counts (:mod:`datasets.label_counts`), which is all a partitioner looks at. It writes nothing: no partition goes
 to the cache (one from label counts is not the real data's partition, and a dry run should leave no files), so
 each distinct partition is drawn once per dry run. Cells whose data is absent and has no published counts
@@ -28,8 +28,8 @@ from bench.core.data import (
     sharing_sources,
     source_labels,
 )
-from bench.errors import ConfigError
-from bench.spec import Cell
+from bench.experiment.errors import ConfigError
+from bench.experiment.spec import Cell
 from datasets.label_counts import label_info_from_counts, missing_counts
 from datasets.partition import LabelInfo
 from datasets.sources import DataSourceError

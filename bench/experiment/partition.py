@@ -1,12 +1,12 @@
 """Partitions out: write a run's partition as a partition file another library (or ``partition=from_file``) reads.
 
-Usage: ``python -m bench.partition export <run_dir> [--out FILE] [--format npz|json|pfllib]``
+Usage: ``python -m bench.experiment.partition export <run_dir> [--out FILE] [--format npz|json|pfllib]``
 
 The partition is rebuilt from the run's ``config.yaml`` (data loaded as the run loaded it, partition through
 the cache of the config's ``cache_dir``) and checked against the run's ``partition/class_counts.csv``. The
 file holds per-client indices into the official train and test splits (``docs/partition_format.md``);
 the default output is ``<run_dir>/partition/partition.npz``. Feed it back with
-``python -m bench.run partition=from_file partition.path=<file> num_clients=<N> ...``.
+``python -m bench.experiment.run partition=from_file partition.path=<file> num_clients=<N> ...``.
 
 ``--format pfllib`` writes the clients' data itself in PFLlib's layout instead of indices: a folder with
 ``train/<i>.npz`` and ``test/<i>.npz`` per client, each holding ``data = {"x": float32 [n, C, H, W], "y": int64
@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from bench.builder import import_plugins
 from bench.core.data import load_sources, partition_labels, partition_sources, source_labels
-from bench.errors import config_phase, run_cli
+from bench.experiment.errors import config_phase, run_cli
 from datasets.label_counts import label_info_from_counts
 from datasets.partition import Partition
 from datasets.partition_file import partition_to_clients, write_partition_file
@@ -58,7 +58,7 @@ def rebuild_partition(conf: Mapping[str, Any]) -> tuple[Partition, torch.Tensor,
 
 def partition_of(cfg: Mapping[str, Any]) -> tuple[Partition, torch.Tensor, str]:
     """(partition, pool labels: train then test, where the labels came from) of a cell config: from the data when it
-    is present, else from the official label counts (as ``bench.precheck.dry_build``)."""
+    is present, else from the official label counts (as ``bench.experiment.precheck.dry_build``)."""
     import_plugins(cfg)
     try:
         labels, origin = source_labels(*load_sources(cfg["dataset"], cfg.get("data_root"))), "data"

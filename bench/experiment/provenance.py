@@ -6,9 +6,9 @@ the tree differed from it (``dirty``), ``hash``, a sha256 over the source of eve
 the run's results, and the ``version`` of the rule that chose those files (absent: version 1):
 
 - version 1 (every run before the version was recorded): the federated core (``bench/core``), ``datasets`` and
-  ``bench/run.py`` whole (since the layering also ``common`` and ``bench/builder.py``), the run's method module
-  with every ``methods`` module it imports (transitively);
-- version 2: the modules the run executes: ``bench/run.py`` and the method's module with every module of
+  ``bench/experiment/run.py`` whole (since the layering also ``common`` and ``bench/builder.py``), the run's method
+  module with every ``methods`` module it imports (transitively);
+- version 2: the modules the run executes: ``bench/experiment/run.py`` and the method's module with every module of
   ``common``, the core, the assembly (``bench/builder.py``), ``datasets`` and ``methods`` they import, transitively
   (``run_sources``), so an edit to a module the run never imports (the dry run's label counts; the mean another
   method aggregates with) leaves it current;
@@ -18,7 +18,7 @@ therefore leaves the runs of the other methods current. A summary is judged by t
 rule marks no existing run stale.
 
 Finished runs from other code are reused by default (a refactor that changes no number should not cost
-hours of compute); tables mark them, and ``python -m bench.table ... --rerun-stale`` reruns exactly those.
+hours of compute); tables mark them, and ``python -m bench.experiment.table ... --rerun-stale`` reruns exactly those.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: what computes results, relative to the project root
-CODE_PATHS = ("common", "bench/core", "bench/builder.py", "methods", "datasets", "bench/run.py")
+CODE_PATHS = ("common", "bench/core", "bench/builder.py", "methods", "datasets", "bench/experiment/run.py")
 #: what computes every run's results, whatever its method (code identity version 1: all of it)
-SHARED_PATHS = ("common", "bench/core", "bench/builder.py", "datasets", "bench/run.py")
+SHARED_PATHS = ("common", "bench/core", "bench/builder.py", "datasets", "bench/experiment/run.py")
 #: the rule by which a new run's code hash is computed: 1 = :data:`SHARED_PATHS` whole and the run's method modules
 #: (every summary written before the version was recorded); 2 = the modules a run imports (:func:`run_sources`)
 CODE_IDENTITY_VERSION = 2
@@ -121,21 +121,21 @@ def _imported(name: str, path: Path) -> list[str]:
 
 #: the code a run's results can come from (code identity version 2); the experiment layer's modules that a run
 #: passes through (validation, errors, composition, logging) compute nothing of its records
-TRACED = ("common", "bench/core", "bench/builder.py", "datasets", "methods", "bench/run.py")
+TRACED = ("common", "bench/core", "bench/builder.py", "datasets", "methods", "bench/experiment/run.py")
 #: the methods registry: importing it imports every method, but it computes nothing
 REGISTRY = "methods/__init__.py"
 
 
 def run_sources(method: str) -> list[Path]:
-    """The source files a run of ``method`` executes (code identity version 2): ``bench/run.py`` and the method's
-    module, and every module of :data:`TRACED` they import, transitively (by ``ast``, function bodies included),
-    with the ``__init__`` of each package on the way; not the methods registry (:data:`REGISTRY`), through which the
-    assembly reaches every method, so that a run's hash covers its own method only."""
+    """The source files a run of ``method`` executes (code identity version 2): ``bench/experiment/run.py`` and the
+    method's module, and every module of :data:`TRACED` they import, transitively (by ``ast``, function bodies
+    included), with the ``__init__`` of each package on the way; not the methods registry (:data:`REGISTRY`), through
+    which the assembly reaches every method, so that a run's hash covers its own method only."""
     import methods
 
     traced = [ROOT / p for p in TRACED]
     registry = ROOT / REGISTRY
-    todo = ["bench.run", methods.load(method).__module__]
+    todo = ["bench.experiment.run", methods.load(method).__module__]
     seen: dict[str, Path] = {}
     while todo:
         name = todo.pop()

@@ -1,9 +1,9 @@
 """Paper tables: expand a table spec into runs, run the missing ones, write ours beside the paper's.
 
-Usage: ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
+Usage: ``python -m bench.experiment.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
 [--seeds 0 1] [--dry-run] [--quiet] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
 ``--dry-run`` runs nothing but builds every cell's partition for every seed, from the official label counts where
-the data is absent (``bench.precheck.dry_build``), and exits 1 naming each cell that cannot be built.
+the data is absent (``bench.experiment.precheck.dry_build``), and exits 1 naming each cell that cannot be built.
 On a terminal a progress line shows runs done / total, failures and an ETA (``--quiet``: none).
 
 A table spec (YAML)::
@@ -47,23 +47,23 @@ A table spec (YAML)::
         base: [+partition.test_pool=class]       # column_overrides, rows, rows_by_dataset, rows_by_column)
 
 A row may carry its own ``protocol: {stage: post}`` (any of stage, selection, weighting) over the table's: its cells
-run and are scored with it, and the caption names every row scored otherwise (``bench.spec.row_protocol``).
+run and are scored with it, and the caption names every row scored otherwise (``bench.experiment.spec.row_protocol``).
 A run whose final accuracy is not above chance (``bench.core.summary.chance_verdict``) shows as "did not train",
 is listed, and makes the command exit non-zero, like a failed or diverged run.
 
 A row with ``unavailable: <reason>`` is not run; the table shows the reason in its cells. An optional
-``tuning:`` block grid-searches rows on the clients' validation split first (``bench.tuning``).
+``tuning:`` block grid-searches rows on the clients' validation split first (``bench.experiment.tuning``).
 
 Every key is checked when the spec loads: a key that is not in this schema (the dataclasses ``TableSpec``,
-``Column``, ``Row``, ``ScaleBlock`` and ``Tuning`` of ``bench.spec_schema``) is refused, naming it and the
+``Column``, ``Row``, ``ScaleBlock`` and ``Tuning`` of ``bench.experiment.spec_schema``) is refused, naming it and the
 allowed keys (top-level keys starting with ``_`` only hold YAML anchors). A cell's overrides apply in one
-order, defined by ``bench.spec.cell_overrides``; ``--explain 'ROW | COLUMN'`` prints them with the spec key
+order, defined by ``bench.experiment.spec.cell_overrides``; ``--explain 'ROW | COLUMN'`` prints them with the spec key
 and file each comes from and which later one replaces it. Every cell's config is composed and validated
 before the first run starts, so a typo in an override fails at once.
 
 Finished runs are reused (the run directory is a function of the config); only missing or failed cells
-train, through the launcher of ``conf/launcher/`` (``bench.launch``). Tables are written by
-``bench.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time. Every table
+train, through the launcher of ``conf/launcher/`` (``bench.experiment.launch``). Tables are written by
+``bench.experiment.collect`` (Markdown, LaTeX, CSV), which can also be run on its own at any time. Every table
 states the seeds and test images per client of its cells and Kendall's tau between our ordering of the
 rows and the paper's; with ``compare``, the paired difference of that row against the best other row.
 """
@@ -75,23 +75,23 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench.cells import run_cells
-from bench.collect import collect
-from bench.errors import config_phase, run_cli
-from bench.launch import load_launcher
-from bench.manifest import write_manifest
-from bench.precheck import CellsError
-from bench.render import write_table
-from bench.spec import SCALES, TableSpec, cell_config, cell_overrides, expand, load_spec, origin, spec_files
-from bench.tuning import tune, with_tuned
-from bench.wandb_tables import after_table
+from bench.experiment.cells import run_cells
+from bench.experiment.collect import collect
+from bench.experiment.errors import config_phase, run_cli
+from bench.experiment.launch import load_launcher
+from bench.experiment.manifest import write_manifest
+from bench.experiment.precheck import CellsError
+from bench.experiment.render import write_table
+from bench.experiment.spec import SCALES, TableSpec, cell_config, cell_overrides, expand, load_spec, origin, spec_files
+from bench.experiment.tuning import tune, with_tuned
+from bench.experiment.wandb_tables import after_table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The table command; returns the exit status (1 when any cell failed, diverged, did not train or is missing).
     Configuration errors (a bad spec, override or launcher setting, missing data) raise
-    :class:`bench.errors.ConfigError` before any run starts; ``python -m bench.table`` prints them in a line or
-    two and exits with status 2 (``PFL_DEBUG=1``: with the traceback)."""
+    :class:`bench.experiment.errors.ConfigError` before any run starts; ``python -m bench.experiment.table`` prints them
+    in a line or two and exits with status 2 (``PFL_DEBUG=1``: with the traceback)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini", choices=SCALES)
@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="skip loading each data set and partition here before launching")
     parser.add_argument("--explain", metavar="'ROW | COLUMN'",
                         help="print each override of that cell (its first seed) with where it comes from, in the "
-                             "order they apply (bench.spec.cell_overrides), and its run directory; run nothing")
+                             "order they apply (bench.experiment.spec.cell_overrides), and its run directory; "
+                             "run nothing")
     parser.add_argument("overrides", nargs="*",
                         help="Hydra overrides for every cell (device=cuda) and launcher settings (launcher.mem_gb=8)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -163,7 +164,7 @@ def explain(path: str, spec: dict[str, Any], scale: str, cell: str, seeds: Seque
             out_dir: str = "runs", extra: Sequence[str] = ()) -> str:
     """Each override of the cell ``"ROW | COLUMN"`` (at its first seed) in the order Hydra applies them, with the
     spec keys and the file it comes from, and which later override replaces it; then the cell's run directory."""
-    from bench.identity import run_dir_for
+    from bench.experiment.identity import run_dir_for
 
     row_name, _, column_name = (part.strip() for part in cell.partition("|"))
     matches = [c for c in expand(spec, scale, seeds, out_dir, extra) if (c.row, c.column) == (row_name, column_name)]

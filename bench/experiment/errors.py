@@ -3,9 +3,9 @@
 A *configuration error* is anything refused before work starts: a :class:`ConfigError`, or a ``ValueError``, an
 unknown registered name (``KeyError``), an option nothing takes (``TypeError``), a missing file or a Hydra override
 or config-group error raised inside :func:`config_phase` (composing and validating a config, loading a table spec,
-building a run's data, partition and model), and Hydra's own errors of ``bench.run``'s command line. Whatever fails
-after that (a crash inside training, a bug) keeps its traceback. ``PFL_DEBUG=1`` (or, for ``bench.run``, Hydra's
-``HYDRA_FULL_ERROR=1``) shows the traceback of configuration errors too.
+building a run's data, partition and model), and Hydra's own errors of ``bench.experiment.run``'s command line. Whatever
+fails after that (a crash inside training, a bug) keeps its traceback. ``PFL_DEBUG=1`` (or, for
+``bench.experiment.run``, Hydra's ``HYDRA_FULL_ERROR=1``) shows the traceback of configuration errors too.
 """
 
 from __future__ import annotations

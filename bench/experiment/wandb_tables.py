@@ -13,11 +13,12 @@ provenance as config (spec, scale, seeds, runs averaged, commit). It logs
 - ``ordering``: a ``wandb.Table`` of Kendall's tau per column, also in the summary as ``kendall_tau/<column>``;
 - every PNG under the paper's ``figures/`` as ``figures/<path>`` (``wandb.Image``).
 
-``bench.table`` calls :func:`after_table` once the table is written, with the runs' ``logger.wandb.*`` settings
-(mode, project, entity, dir); a failure there warns and leaves the table alone. On its own (default: every table
-found under ``--results``)::
+``bench.experiment.table`` calls :func:`after_table` once the table is written, with the runs' ``logger.wandb.*``
+settings (mode, project, entity, dir); a failure there warns and leaves the table alone. On its own (default: every
+table found under ``--results``)::
 
-    python -m bench.wandb_tables [--results results] [--scale mini] [--dir runs/wandb-tables] [fedc2i/table1 ...]
+    python -m bench.experiment.wandb_tables [--results results] [--scale mini] [--dir runs/wandb-tables] [fedc2i/table1
+    ...]
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from typing import Any
 
 import pandas as pd
 
-from bench.spec import SCALES, label, output_base, scale_block
-from bench.wandb_logger import wandb_safe
+from bench.experiment.spec import SCALES, label, output_base, scale_block
+from bench.experiment.wandb_logger import wandb_safe
 
-ROOT = Path(__file__).resolve().parent.parent
-#: the columns of a table CSV written by ``bench.render.write_table``
+ROOT = Path(__file__).resolve().parents[2]
+#: the columns of a table CSV written by ``bench.experiment.render.write_table``
 CSV_COLUMNS = ("method", "column", "mean", "std", "seeds", "paper_mean", "paper_std", "diff")
 #: the columns of the logged ``wandb.Table``
 TABLE_COLUMNS = ["row", "column", "ours_mean", "ours_std", "n_seeds", "paper", "paper_std", "difference",
@@ -55,7 +56,8 @@ def _value(value: Any) -> Any:
 
 
 def sign(paired: Mapping[str, Any]) -> str:
-    """The paper-sign flag of a paired difference, as ``bench.render`` prints it ("" without a paper difference)."""
+    """The paper-sign flag of a paired difference, as ``bench.experiment.render`` prints it ("" without a paper
+    difference)."""
     if paired.get("agrees") is None:
         return ""
     return "✓" if paired["agrees"] else "✗!" if paired.get("contradicts") else "✗"
@@ -81,7 +83,8 @@ def table_files(results_dir: str | os.PathLike, paper: str, table: str, scale: s
 
 def find_tables(results_dir: str | os.PathLike = "results",
                 scales: Sequence[str] = SCALES) -> list[tuple[str, str, str]]:
-    """Every (paper, table, scale) whose CSV under ``results_dir`` is a paper table (``bench.render`` columns)."""
+    """Every (paper, table, scale) whose CSV under ``results_dir`` is a paper table (``bench.experiment.render``
+    columns)."""
     found = []
     for scale in scales:
         for paper_dir in sorted(p for p in Path(results_dir).iterdir() if p.is_dir()):
@@ -97,8 +100,8 @@ def find_tables(results_dir: str | os.PathLike = "results",
 def provenance(paper: str, table: str, scale: str, frame: pd.DataFrame, stats: Mapping[str, Any],
                spec_path: str | os.PathLike | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """The run config: where the table comes from (spec, scale, seeds, runs averaged, commit)."""
-    from bench.provenance import code_identity
-    from bench.spec import load_spec
+    from bench.experiment.provenance import code_identity
+    from bench.experiment.spec import load_spec
 
     path = Path(spec_path or ROOT / "conf" / "paper" / paper / f"{table}.yaml").resolve()
     spec = load_spec(path) if path.exists() else {}
@@ -127,7 +130,8 @@ def log_table(results_dir: str | os.PathLike, paper: str, table: str, scale: str
 
     csv, stats_path = table_files(results_dir, paper, table, scale)
     if not csv.exists():
-        raise FileNotFoundError(f"no table {csv}: write it first (python -m bench.table or bench.collect)")
+        raise FileNotFoundError(f"no table {csv}: write it first (python -m bench.experiment.table or "
+            "bench.experiment.collect)")
     frame = pd.read_csv(csv)
     missing = sorted(set(CSV_COLUMNS) - set(frame.columns))
     if missing:
@@ -164,13 +168,13 @@ def log_table(results_dir: str | os.PathLike, paper: str, table: str, scale: str
 
 def after_table(spec_path: str | os.PathLike, spec: Mapping[str, Any], scale: str, overrides: Sequence[str],
                 results_dir: str | os.PathLike, seeds: Sequence[int] | None = None) -> Path | None:
-    """``bench.table``'s hook: log the table just written, with the W&B settings of its runs (``overrides``: a
-    cell's Hydra overrides); nothing when their ``logger.wandb.mode`` is disabled. W&B writes under
+    """``bench.experiment.table``'s hook: log the table just written, with the W&B settings of its runs (``overrides``:
+    a cell's Hydra overrides); nothing when their ``logger.wandb.mode`` is disabled. W&B writes under
     ``logger.wandb.dir`` or else ``<out_dir>/wandb-tables``. A failure warns and returns
-    None: the table on disk is what counts, and ``python -m bench.wandb_tables`` can log it later."""
+    None: the table on disk is what counts, and ``python -m bench.experiment.wandb_tables`` can log it later."""
     name = f"{spec['paper']}/{label(spec)}"
     try:
-        from bench.compose import compose_config, to_container
+        from bench.experiment.compose import compose_config, to_container
 
         cfg = to_container(compose_config([o for o in overrides if o.lstrip("+").startswith(("logger.", "out_dir="))]))
         opts = cfg["logger"]["wandb"]
@@ -182,7 +186,8 @@ def after_table(spec_path: str | os.PathLike, spec: Mapping[str, Any], scale: st
                          seeds=seeds)
     except Exception as err:  # W&B must never cost the table
         warnings.warn(f"W&B logging of table {name} ({scale}) failed, the table itself is written: "
-                      f"{type(err).__name__}: {err}. Log it later with: python -m bench.wandb_tables --results "
+                      f"{type(err).__name__}: {err}. Log it later with: python -m bench.experiment.wandb_tables "
+                          "--results "
                       f"{results_dir} --scale {scale} {name}", RuntimeWarning, stacklevel=2)
         return None
 

@@ -1,7 +1,7 @@
 """Rendering of collected tables: ours (mean ± std) beside the paper's number, as Markdown, LaTeX and CSV.
 
-``python -m bench.render <spec.yaml> [--scale mini] [--results results]`` re-renders a written table's Markdown and
-LaTeX from its CSV and ``.stats.json`` alone (after a change to the rendering, when the runs are gone)."""
+``python -m bench.experiment.render <spec.yaml> [--scale mini] [--results results]`` re-renders a written table's
+Markdown and LaTeX from its CSV and ``.stats.json`` alone (after a change to the rendering, when the runs are gone)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.spec import (
+from bench.experiment.spec import (
     SCALES,
     label,
     load_spec,
@@ -133,8 +133,8 @@ def caption(spec: dict[str, Any], scale: str, has_paper: bool = True, frame: pd.
 
 
 def width_caption(widths: Sequence[dict[str, Any]]) -> list[str]:
-    """Two caption lines from ``frame.attrs["widths"]`` (:func:`bench.collect.width_statistics`): per group of
-    columns with the same numbers, each row's mean p^2 and widest width; then which rule sized each row."""
+    """Two caption lines from ``frame.attrs["widths"]`` (:func:`bench.experiment.collect.width_statistics`): per group
+    of columns with the same numbers, each row's mean p^2 and widest width; then which rule sized each row."""
     if not widths:
         return []
     columns: dict[str, dict[str, tuple[float, float]]] = {}
@@ -223,7 +223,7 @@ def _paired_cell(p: dict[str, Any]) -> str:
 def comparisons(frame: pd.DataFrame) -> list[str]:
     """Markdown lines: the spec's ``compare`` row against the best other row and against every other row
     (paired over seeds, with a confidence interval and the paper's sign), and Kendall's tau between our
-    ordering of the rows and the paper's (``bench.collect``)."""
+    ordering of the rows and the paper's (``bench.experiment.collect``)."""
     lines = []
     paired = frame.attrs.get("paired", [])
     best = [p for p in paired if p.get("best_other")]
@@ -335,15 +335,15 @@ _NUMERIC_STATS = ("mean_diff", "std_diff", "ci_low", "ci_high", "paper_diff", "t
 def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> Path:
     """Rewrite the Markdown and LaTeX of a table that ``write_table`` wrote, from its CSV and ``.stats.json``;
     returns the Markdown path. A table with stale, diverged or unaveraged cells cannot be: those marks live in the
-    runs, not the CSV (``python -m bench.table`` re-collects it)."""
+    runs, not the CSV (``python -m bench.experiment.table`` re-collects it)."""
     base = output_base(spec["paper"], label(spec), scale, results_dir)
     if not base.with_suffix(".csv").exists():
         raise FileNotFoundError(f"{base.with_suffix('.csv')} does not exist: write the table first "
-                                f"(python -m bench.table <spec> --scale {scale})")
+                                f"(python -m bench.experiment.table <spec> --scale {scale})")
     old = base.with_suffix(".md").read_text() if base.with_suffix(".md").exists() else ""
     if "‡" in old or "Not averaged in" in old or "| diverged" in old or "| did not train" in old:
         raise ValueError(f"{base.with_suffix('.md')} has stale, diverged or unaveraged cells, which its CSV does not "
-                         "record: re-collect it from the runs with python -m bench.table instead")
+                         "record: re-collect it from the runs with python -m bench.experiment.table instead")
     frame = pd.read_csv(base.with_suffix(".csv"))
     stats = json.loads(base.with_suffix(".stats.json").read_text()) if base.with_suffix(".stats.json").exists() \
         else {}

@@ -26,7 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 class _SharedGroups:
@@ -84,7 +84,7 @@ def sharing_compositions() -> Iterator[None]:
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
-    """The config ``python -m bench.run <overrides>`` would run with."""
+    """The config ``python -m bench.experiment.run <overrides>`` would run with."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         shared = _SHARED.get()
         if shared is None:

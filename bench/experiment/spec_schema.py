@@ -1,9 +1,10 @@
 """The schema of a table spec: the spec, its columns, rows, scale blocks and tuning block as dataclasses.
 
 A key that is not one of their fields is refused, naming it and the allowed keys (a misspelt ``colums:`` fails
-``bench.table --dry-run`` with exit status 2), and so is a missing required key or a value of the wrong kind. A
-new spec key is one field line here, with a default so that the specs without it still load. The keys' meaning
-is documented in :mod:`bench.table`; :func:`bench.spec.cell_overrides` orders the overrides they give a cell.
+``bench.experiment.table --dry-run`` with exit status 2), and so is a missing required key or a value of the wrong kind.
+A new spec key is one field line here, with a default so that the specs without it still load. The keys' meaning
+is documented in :mod:`bench.experiment.table`; :func:`bench.experiment.spec.cell_overrides` orders the overrides they
+give a cell.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def from_mapping(cls: type, data: Any, where: str, nested: dict[str, Any] | None
 
 @dataclass(frozen=True)
 class Column:
-    """A result column: a data set and model with its overrides (documented in :mod:`bench.table`)."""
+    """A result column: a data set and model with its overrides (documented in :mod:`bench.experiment.table`)."""
 
     name: str
     dataset: str
@@ -71,12 +72,12 @@ class Row:
     by_dataset: dict[str, list[str]] = field(default_factory=dict)
     by_column: dict[str, list[str]] = field(default_factory=dict)
     unavailable: str | None = None  # not run: the reason, shown in its cells
-    tuned: dict[str, list[str]] = field(default_factory=dict)  # per column: the values bench.tuning chose
+    tuned: dict[str, list[str]] = field(default_factory=dict)  # per column: the values bench.experiment.tuning chose
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """A ``tuning:`` block (``bench.tuning``); a scale's block replaces the keys it gives."""
+    """A ``tuning:`` block (``bench.experiment.tuning``); a scale's block replaces the keys it gives."""
 
     grid: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] | None = None
@@ -105,7 +106,8 @@ class ScaleBlock:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table spec (schema: :mod:`bench.table`). Top-level keys starting with ``_`` hold YAML anchors only."""
+    """A table spec (schema: :mod:`bench.experiment.table`). Top-level keys starting with ``_`` hold YAML anchors
+    only."""
 
     paper: str
     table: str | int
@@ -124,7 +126,8 @@ class TableSpec:
 
     @classmethod
     def parse(cls, spec: dict[str, Any], where: str = "table spec") -> TableSpec:
-        """The typed form of a spec's dict (as :func:`load_spec` returns it, or as ``bench.tuning`` extends it)."""
+        """The typed form of a spec's dict (as :func:`load_spec` returns it, or as ``bench.experiment.tuning``
+        extends it)."""
         if not isinstance(spec, dict):
             raise ValueError(f"{where} is {spec!r}: give a mapping")
         data = {key: value for key, value in spec.items() if not key.startswith("_")}

@@ -7,9 +7,10 @@ This module runs our side in a fresh output folder (finished runs are never reus
 code), reads the same metric from every round, and compares best and final accuracy (means over seeds) with the
 reference:
 
-    python -m bench.crosscheck                       # every method with a reference; exit 1 on a drift
-    python -m bench.crosscheck --set ci              # the reduced set (``ci:`` in the spec, first partition)
-    python -m bench.crosscheck --methods fedavg --write   # also rewrite results/crosscheck/ (curves, figures, table)
+    python -m bench.experiment.crosscheck                       # every method with a reference; exit 1 on a drift
+    python -m bench.experiment.crosscheck --set ci              # the reduced set (``ci:`` in the spec, first partition)
+    python -m bench.experiment.crosscheck --methods fedavg --write   # also rewrite results/crosscheck/ (curves,
+    figures, table)
 
 A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy.
 """
@@ -30,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from bench.errors import config_phase, run_cli
+from bench.experiment.errors import config_phase, run_cli
 
-SPEC = Path(__file__).resolve().parent.parent / "conf" / "crosscheck.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "conf" / "crosscheck.yaml"
 RESULTS = Path("results") / "crosscheck"
 
 
@@ -134,7 +135,7 @@ def run_ours(spec: Mapping[str, Any], jobs: Sequence[tuple[str, str, int]], out_
     def one(job: tuple[str, str, int]) -> list[float]:
         method, partition, seed = job
         out = out_dir / f"{method}-{partition}-s{seed}"
-        cmd = [sys.executable, "-m", "bench.run", *our_overrides(spec, method, partition, seed), *extra,
+        cmd = [sys.executable, "-m", "bench.experiment.run", *our_overrides(spec, method, partition, seed), *extra,
                f"out_dir={out}", "exp=crosscheck", "quiet=true", "logger.wandb.mode=disabled", "threads=1"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -196,10 +197,12 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
     lines = [
         "# Cross-checks against independent implementations",
         "",
-        "Written by `python -m bench.crosscheck --write` (`make crosscheck` checks, writes nothing). Setting "
+        "Written by `python -m bench.experiment.crosscheck --write` (`make crosscheck` checks, writes nothing). "
+        "Setting "
         f"(both sides, `conf/crosscheck.yaml`): real Fashion-MNIST, {s['num_clients']} clients with "
         f"{s['n_train_per_client']} train / {s['n_test_per_client']} test samples each (our split, partition seed "
-        f"{s['data_seed']}, exported with `python -m bench.partition export --format pfllib`), PFLlib's FedAvgCNN "
+        f"{s['data_seed']}, exported with `python -m bench.experiment.partition export --format pfllib`), PFLlib's "
+            "FedAvgCNN "
         f"(our `cnn_fedavg`), SGD lr {s['lr']}, batch {s['batch_size']} (last partial batch dropped), "
         f"{s['epochs']} local epoch(s), {s['rounds']} rounds, all clients every round, seeds {s['seeds']}. "
         "Metric: test accuracy pooled over all clients' test samples (weighted by test size), of the model each "

@@ -11,15 +11,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.compose import sharing_compositions
 from bench.core.records import RunDir
-from bench.errors import config_phase
-from bench.identity import run_dir_for
-from bench.launch import Outcome, launch, load_launcher
-from bench.precheck import CellsError, check_inputs, dry_build
-from bench.provenance import is_stale, run_code
-from bench.run import validate
-from bench.spec import Cell, cell_config
+from bench.experiment.compose import sharing_compositions
+from bench.experiment.errors import config_phase
+from bench.experiment.identity import run_dir_for
+from bench.experiment.launch import Outcome, launch, load_launcher
+from bench.experiment.precheck import CellsError, check_inputs, dry_build
+from bench.experiment.provenance import is_stale, run_code
+from bench.experiment.run import validate
+from bench.experiment.spec import Cell, cell_config
 from common.verified_io import atomic_write_text
 
 
@@ -94,8 +94,9 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
     them, with a :class:`TableProgress` line on a terminal (``quiet``: none). ``rerun_stale``: finished runs
     computed by other code than this tree's are set aside (moved under ``<out_dir>/.stale/``, never deleted) and
     run again. ``dry_run``: launch nothing; with ``precheck``, build every cell's partition (every cell, finished
-    or not: :func:`bench.precheck.dry_build`) and raise :class:`CellsError` naming each cell that cannot be
-    built; with ``cost`` too, print the cost estimate of the runs a launch would start (:mod:`bench.cost`)."""
+    or not: :func:`bench.experiment.precheck.dry_build`) and raise :class:`CellsError` naming each cell that cannot be
+    built; with ``cost`` too, print the cost estimate of the runs a launch would start
+    (:mod:`bench.experiment.cost`)."""
     launcher = launcher or load_launcher("inline")
     configs = {}
     with config_phase(), sharing_compositions():  # the cells' few distinct config-group choices: composed once each
@@ -111,7 +112,7 @@ def run_cells(cells: Sequence[Cell], *, dry_run: bool = False, launcher: dict[st
           + ("" if dry_run or not missing else f" ({launcher['name']} launcher)"), flush=True)
     if dry_run:
         if precheck:
-            from bench.cost import base_rss, cost_report
+            from bench.experiment.cost import base_rss, cost_report
 
             base = base_rss()  # before the dry build reads any data: what a run's process holds besides its work
             report = dry_build(cells, configs)

@@ -5,7 +5,7 @@ returned separately as missing/partial so a table can list it instead of silentl
 
 Command line (writes Markdown, LaTeX and CSV from whatever runs exist; nothing is trained)::
 
-    python -m bench.collect conf/paper/fedcac/table2.yaml --scale mini [--out-dir runs] [--results results]
+    python -m bench.experiment.collect conf/paper/fedcac/table2.yaml --scale mini [--out-dir runs] [--results results]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import yaml
 
 from bench.core.records import RunDir
 from bench.core.summary import chance_verdict, final_eval, pick
-from bench.provenance import is_stale, run_code
-from bench.spec import (
+from bench.experiment.provenance import is_stale, run_code
+from bench.experiment.spec import (
     PROTOCOL_KEYS,
     Cell,
     OutputColumn,
@@ -56,7 +56,7 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     """Per-cell mean/std over complete seeds, the paper's value and the difference; plus incomplete runs.
 
     Cells with runs computed by other code than this tree's (or by several versions of the code) are listed
-    in ``frame.attrs["stale"]``; they are averaged in, and ``bench.table --rerun-stale`` reruns them.
+    in ``frame.attrs["stale"]``; they are averaged in, and ``bench.experiment.table --rerun-stale`` reruns them.
     ``frame.attrs`` also holds the test images per client (``test_images``: min, max over the averaged runs),
     the spec's ``compare`` row against the best other row with paired differences over seeds (``paired``),
     and Kendall's tau between our ordering of the rows and the paper's per column (``ordering``)."""
@@ -256,7 +256,7 @@ def rebuilt_test_counts(config: str) -> dict[int, list[int]] | None:
 @functools.cache
 def default_chance_z() -> float:
     """``eval.chance_z`` of ``conf/config.yaml``, for runs whose config predates the key."""
-    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf" / "config.yaml").read_text())
     return float(base["eval"]["chance_z"])
 
 
@@ -379,10 +379,10 @@ def run_imports(path: Path) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from bench.manifest import cell_dirs
-    from bench.render import write_table
-    from bench.spec import SCALES, expand, load_spec
-    from bench.tuning import with_tuned
+    from bench.experiment.manifest import cell_dirs
+    from bench.experiment.render import write_table
+    from bench.experiment.spec import SCALES, expand, load_spec
+    from bench.experiment.tuning import with_tuned
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="+", help="table specs, e.g. conf/paper/fedcac/table2.yaml")

@@ -1,11 +1,11 @@
 """What a table will cost before it is launched: runs, device-hours and peak memory per run, and how the launcher
-packs them (``python -m bench.table <spec> --dry-run``).
+packs them (``python -m bench.experiment.table <spec> --dry-run``).
 
 A run's time is its work times a calibrated time per unit of work:
 
 - **training steps** = rounds x participants per round x local epochs x batches per client (the mean over clients of
   ``ceil(n_train / batch_size)``, or ``floor`` with ``drop_last``), with the client sizes of the partition the dry
-  build drew (:mod:`bench.precheck`), and
+  build drew (:mod:`bench.experiment.precheck`), and
 - **evaluated samples** = evaluation rounds x (the participants' test and validation samples at ``pre``, when the
   method evaluates there, plus every client's at ``post``).
 
@@ -49,8 +49,8 @@ import torch
 
 from bench.builder import build_experiment, method_class
 from bench.core.data import build_federated_data
-from bench.provenance import cpu_kernels
-from bench.spec import Cell
+from bench.experiment.provenance import cpu_kernels
+from bench.experiment.spec import Cell
 from datasets.label_counts import LABEL_COUNTS
 
 #: (channels, height = width) of each source as it loads (before ``dataset.image_size`` / ``channels``)

@@ -34,11 +34,11 @@ from typing import Any
 
 import pandas as pd
 
-from bench.cells import run_cells
 from bench.core.records import RunDir
 from bench.core.summary import pick
-from bench.render import markdown_table
-from bench.spec import expand, label, output_base, scale_block, scale_columns
+from bench.experiment.cells import run_cells
+from bench.experiment.render import markdown_table
+from bench.experiment.spec import expand, label, output_base, scale_block, scale_columns
 from common.verified_io import atomic_write_json, atomic_write_text
 
 
@@ -126,7 +126,7 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
         value = math.nan
         if run.is_complete():
             summary = json.loads(run.summary.read_text())
-            scored = summary["protocol"]  # the row's own stage and weighting (bench.spec.row_protocol)
+            scored = summary["protocol"]  # the row's own stage and weighting (bench.experiment.spec.row_protocol)
             value = pick(summary["results"], scored["stage"], score_selection(proto), scored["weighting"])["val_acc"]
         scores.setdefault((cell.row, cell.column), []).append(value)
     tuned = copy.deepcopy(spec)
@@ -165,8 +165,9 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
 
 def with_tuned(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
     """``spec`` with the choices its last search wrote (``<table>.tuning.json``) as each tuned row's per-column
-    overrides, as :func:`tune` returns it, without running anything: for readers of a table's runs (``bench.collect``,
-    plots). A spec without a ``tuning:`` block, or not searched yet at ``scale``, comes back unchanged."""
+    overrides, as :func:`tune` returns it, without running anything: for readers of a table's runs
+    (``bench.experiment.collect``, plots). A spec without a ``tuning:`` block, or not searched yet at ``scale``, comes
+    back unchanged."""
     path = output_base(spec["paper"], f"{label(spec)}.tuning.json", scale, results_dir)
     if not spec.get("tuning") or not path.exists():
         return spec

@@ -16,7 +16,7 @@ counts images that did not load (``<body data-broken-images>``, read by the head
 
 Command line::
 
-    python -m bench.report [--results results] [--out results/index.html] [--screenshot]
+    python -m bench.experiment.report [--results results] [--out results/index.html] [--screenshot]
 
 ``--screenshot`` also renders the page in headless Chromium into ``index.png`` beside it.
 """
@@ -44,19 +44,19 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from bench.provenance import cpu_name
-from bench.render import is_secondary
-from bench.spec import SCALE_FOLDERS
+from bench.experiment.provenance import cpu_name
+from bench.experiment.render import is_secondary
+from bench.experiment.spec import SCALE_FOLDERS
 from common.verified_io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
 PACKAGES = ("torch", "torchvision", "pandas", "hydra-core", "wandb")
 TABLE_COLUMNS = {"method", "column", "mean", "std", "seeds"}
 NO_TABLES = {"bench"}  # result folders that hold pages and figures but no paper tables
 OWN_PAGE = {"demo"}  # result folders with a page of their own (scripts/demo.py), not shown on the results page
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-#: blocks of a table's .md that ``bench.render.comparisons`` wrote (shown from the .stats.json instead)
+#: blocks of a table's .md that ``bench.experiment.render.comparisons`` wrote (shown from the .stats.json instead)
 COMPARISON_BLOCK = re.compile(r"Paired difference|Ordering of the rows|\S.* minus each other row|\|[^|\n]* minus \|")
 INSTALL_HINT = "install it with `apt-get install -y chromium` (Debian/Ubuntu, as root)"
 
@@ -299,7 +299,7 @@ def blocks(text: str) -> list[str]:
 
 
 def parse_table_md(text: str) -> MarkdownParts:
-    """Split a table's ``.md`` (``bench.render.render``) into title, caption, table, the lists of cells not
+    """Split a table's ``.md`` (``bench.experiment.render.render``) into title, caption, table, the lists of cells not
     averaged in and stale cells, and the other blocks below the table."""
     parts = MarkdownParts()
     seen_table = False
@@ -330,7 +330,7 @@ def parse_table_md(text: str) -> MarkdownParts:
 
 
 def is_table_csv(path: Path) -> bool:
-    """A CSV written by ``bench.render.write_table``: a sibling ``.md`` and the long format's columns."""
+    """A CSV written by ``bench.experiment.render.write_table``: a sibling ``.md`` and the long format's columns."""
     if not path.with_suffix(".md").exists():
         return False
     try:
@@ -378,7 +378,7 @@ def discover(results: Path, skip: Sequence[Path] = ()) -> list[Section]:
 def main_columns(paper: str, name: str, conf_dir: Path = CONF_DIR) -> set[str] | None:
     """The spec's own columns (not per-client ones) of ``conf/paper/<paper>/<name>.yaml`` (or ``conf/<paper>/``);
     None when there is no such spec or it does not load."""
-    from bench.spec import load_spec
+    from bench.experiment.spec import load_spec
 
     for path in (conf_dir / "paper" / paper / f"{name}.yaml", conf_dir / paper / f"{name}.yaml"):
         if path.exists():

@@ -4,7 +4,7 @@
 
 - keys nothing reads (``+train.lrr=0.1``): the top level and the fixed sections (``train``, ``eval``,
   ``checkpoint``, ``client_state``, ``logger``, ``capacity``) accept only the keys of ``conf/config.yaml``; a method's
-  hyperparameters are its ``Hyper`` fields, a partition's its scheme's parameters (``bench.run.validate``);
+  hyperparameters are its ``Hyper`` fields, a partition's its scheme's parameters (``bench.experiment.run.validate``);
 - values of the wrong type or out of range (the rules below), and a method's hyperparameters of the wrong
   type (from the annotations of its ``Hyper`` dataclass).
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bench.compose import CONF_DIR
 from bench.core.engine import NORM_MODES
+from bench.experiment.compose import CONF_DIR
 
 #: the config groups: dataset and model keys are checked below, partition and method keys by their owners
 GROUPS = ("dataset", "partition", "model", "method")
