@@ -128,13 +128,13 @@ collect: setup
 
 plots: setup
 	$(PY) -m bench.experiment.plots --scale $(strip $(SCALE))
-	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/fedc2i_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/fedselect_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/pa3dfl_figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedcac/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedc2i/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedselect/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/pa3dfl/figures.py all --scale $(strip $(SCALE))
 
 efficiency: setup
-	$(PY) -m bench.efficiency --out results/pa3dfl
+	$(PY) -m scripts.pa3dfl.efficiency --out results/pa3dfl
 
 report: setup
 	$(PY) -m bench.experiment.report --results results --out results/index.html
@@ -147,7 +147,7 @@ wandb-tables: setup
 
 # Pa3dFL Table 9: the hypernetwork's generation / update time per round and its memory (a measurement, no runs)
 pa3dfl-table9: setup
-	$(PY) scripts/pa3dfl_hn_cost.py --repeats 5 --repeats-for resnet18_gn=2
+	$(PY) scripts/pa3dfl/hn_cost.py --repeats 5 --repeats-for resnet18_gn=2
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

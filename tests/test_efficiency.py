@@ -1,5 +1,5 @@
-"""bench.efficiency: FLOPs against an analytic count, width scaling, the memory measurement, FLANC's factored form,
-the paper's numbers, the CLI's files and its refusals."""
+"""scripts.pa3dfl.efficiency: FLOPs against an analytic count, width scaling, the memory measurement, FLANC's factored
+form, the paper's numbers, the CLI's files and its refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench import efficiency as eff
 from methods._decomposed import Decomposed
+from scripts.pa3dfl import efficiency as eff
 
 CPU = torch.device("cpu")
 SHAPE = eff.InputShape(num_classes=10, in_channels=3, image_size=32)
@@ -182,7 +182,7 @@ def test_a_bad_method_or_batch_size_is_refused_naming_it(tmp_path, capsys, args,
 @pytest.mark.parametrize("groups", [1, 4])
 def test_a_convolution_training_step_costs_three_forward_passes_grouped_or_not(groups):
     """Forward, input gradient and weight gradient cost the same (torch's own formula counts the weight gradient of
-    a grouped convolution ``groups`` times: bench.efficiency corrects it)."""
+    a grouped convolution ``groups`` times: scripts.pa3dfl.efficiency corrects it)."""
     conv = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, groups=groups, bias=False), nn.Flatten())
     x = torch.randn(2, 16, 5, 5, requires_grad=True)
     forward = eff.count_flops(conv, x)

@@ -14,12 +14,11 @@ import pytest
 
 from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import read_jsonl
+from scripts.fedcac import figures as fedcac_figures
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "fedcac_figures.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-import fedcac_figures  # noqa: E402
+SCRIPT = ROOT / "scripts" / "fedcac" / "figures.py"
 
 
 @pytest.fixture

@@ -178,7 +178,7 @@ def test_ideal_pa3dfl_trains_resnet18_at_about_fedavgs_parameters_and_flops():
     # times the convolution, 4x in layer4 at 32x32 (1x1 maps): one training step of Table 2's ResNet-18-GN at batch 128
     # was 54.97 GFLOPs against FedAvg's 27.81 (1.98x); the cheaper order per layer gives 30.08 (1.08x), 12.41 M
     # parameters against 11.18 M (1.11x)
-    from bench.efficiency import count_flops
+    from scripts.pa3dfl.efficiency import count_flops
 
     plain_model = build_model("resnet18", num_classes=10, in_channels=3, image_size=32, norm="gn", gn_groups=2)
     torch.manual_seed(0)

@@ -3,7 +3,7 @@
 ``python -m bench.experiment.plots [--scale mini] [spec ...]`` draws, for every table spec (default: all of
 ``conf/paper/*/``) whose runs exist, one learning-curve figure per column: one line per row (method),
 mean over seeds with a band of +- one std, into ``results/<paper>/figures/``. Paper-specific figures
-(``scripts/<paper>_figures.py``) come on top of these; ``make plots`` runs both.
+(``scripts/<paper>/figures.py``) come on top of these; ``make plots`` runs both.
 """
 
 from __future__ import annotations

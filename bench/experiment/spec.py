@@ -2,7 +2,7 @@
 
 A table spec (YAML) is documented in :mod:`bench.experiment.table`. This module checks one against its schema
 (:class:`TableSpec`), turns it into cells, each with its full Hydra override list in the one order
-:func:`cell_overrides` defines, and reads the paper's numbers from ``conf/paper/paper_tables.csv``.
+:func:`cell_overrides` defines, and reads the paper's numbers from ``conf/paper/<paper>/paper_tables.csv``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from bench.experiment.compose import compose_config, to_container
 from bench.experiment.spec_schema import SCALES, Column, Row, TableSpec
 
-PAPER_TABLES = Path(__file__).resolve().parents[2] / "conf" / "paper" / "paper_tables.csv"
+#: one folder per paper: its table specs, README and the published numbers (``<paper>/paper_tables.csv``)
+PAPER_DIR = Path(__file__).resolve().parents[2] / "conf" / "paper"
 #: where each scale's tables go under results/<paper>/ ("" = the paper's folder itself)
 SCALE_FOLDERS = {"mini": "", "medium": "medium", "paper": "paper-scale"}
 
@@ -333,10 +334,18 @@ def output_columns(spec: dict[str, Any], scale: str = "paper") -> list[OutputCol
     return out
 
 
+def paper_tables(paper: str) -> Path:
+    """The project's copy of paper ``paper``'s published numbers: ``conf/paper/<paper>/paper_tables.csv``."""
+    return PAPER_DIR / paper / "paper_tables.csv"
+
+
 def paper_numbers(spec: dict[str, Any], scale: str = "paper") -> dict[tuple[str, str], tuple[float, float | None, str]]:
     """(row name, output column name) -> (mean, std, source) from the project's copy of the published tables;
     none for a column whose stand-in does not measure the paper's question (:func:`unmeasured_columns`)."""
-    frame = pd.read_csv(PAPER_TABLES)
+    path = paper_tables(spec["paper"])
+    if not path.is_file():
+        return {}
+    frame = pd.read_csv(path, dtype={key: str for key in ("paper", "table", "dataset", "setting", "method", "source")})
     frame = frame[(frame["paper"] == spec["paper"]) & (frame["table"].astype(str) == str(spec["table"]))]
     out = {}
     unmeasured = set(unmeasured_columns(spec, scale))

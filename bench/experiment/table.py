@@ -9,7 +9,7 @@ On a terminal a progress line shows runs done / total, failures and an ETA (``--
 A table spec (YAML)::
 
     include: _setup.yaml     # optional: shared files of the paper's folder merged underneath (or a list, in order)
-    paper: fedcac            # key into conf/paper/paper_tables.csv
+    paper: fedcac            # key into conf/paper/<paper>/paper_tables.csv
     table: "2"
     title: ...
     protocol: {stage: post, selection: best, weighting: unweighted}

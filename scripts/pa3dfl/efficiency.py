@@ -1,6 +1,6 @@
 """Training cost of the capacity-heterogeneous methods: FLOPs, peak memory and model size per method, client size
 ratio and batch size, in the layout of Pa3dFL's Table 2 (batch 128) and Table 8 (batch 16/64/128/512), with the
-paper's numbers (``conf/paper/pa3dfl_efficiency.csv``) beside ours.
+paper's numbers (``conf/paper/pa3dfl/efficiency.csv``) beside ours.
 
 What is measured. For every method and size ratio r (a client that can hold the share r of the full model) the client
 model is built exactly as a run builds it: the composed config (``conf/``, default ResNet-18-GN of Pa3dFL App. D.2,
@@ -40,7 +40,7 @@ convolution with V then a grouped convolution with U, the same map; the local he
 global head counted in the model size); its server hypernetwork, which generates V, is reported separately
 (``server_mb``), as pFedHN's is. pFedHN has no row in the paper; its client trains the target network.
 
-CLI: ``python -m bench.efficiency --out results/pa3dfl [--batch-sizes ...] [--methods ...]`` writes
+CLI: ``python -m scripts.pa3dfl.efficiency --out results/pa3dfl [--batch-sizes ...] [--methods ...]`` writes
 ``efficiency.md``, ``efficiency.csv`` and ``efficiency.json`` (atomic writes).
 """
 
@@ -85,8 +85,8 @@ from bench.experiment.provenance import cpu_name
 from common.seeding import derive_seed
 from common.verified_io import atomic_write_json, atomic_write_text
 
-ROOT = Path(__file__).resolve().parent.parent
-PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_efficiency.csv"
+ROOT = Path(__file__).resolve().parents[2]
+PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl" / "efficiency.csv"
 DEFAULT_BATCH_SIZES = (16, 64, 128, 512)
 DEFAULT_SIZE_RATIOS = ("1/256", "1/64", "1/4", "1")
 #: Pa3dFL's CIFAR-10 model (Sec. 6.1, App. D.2): ResNet-18 with GroupNorm (2 groups), torchvision layout
@@ -518,7 +518,7 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
     ratios = [r for r in opts.size_ratios if name not in FULL_WIDTH_ONLY or r == 1]
     if name in NOT_BUILT:
         return [{**base_row(name, "", b, r), "status": "not built",
-                 "note": f"{PAPER_ROW[name]} is not measured yet (see bench.efficiency.NOT_BUILT)"}
+                 "note": f"{PAPER_ROW[name]} is not measured yet (see scripts.pa3dfl.efficiency.NOT_BUILT)"}
                 for b in opts.batch_sizes for r in ratios]
     device = torch.device(opts.device)
     cfg = method_config(name, opts.config, opts.seed)
@@ -725,7 +725,7 @@ def render_markdown(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
     names = _row_order(rows)
     paper_of = {r["row"]: r["paper_method"] or "-" for r in rows}
     lines = ["# Pa3dFL Tables 2 and 8: training cost of the capacity-heterogeneous methods", "",
-             "Ours measured here; columns labelled **paper** are Pa3dFL's numbers (conf/paper/pa3dfl_efficiency.csv). "
+             "Ours measured here; columns labelled **paper** are Pa3dFL's numbers (conf/paper/pa3dfl/efficiency.csv). "
              "r = size ratio (share of the full model a client can hold; width-reduction methods use width sqrt(r)).",
              ""]
     for key in ("device", "torch", "python", "threads", "model", "input", "optimizer", "config", "flops", "memory",
@@ -805,7 +805,7 @@ NOTES = (
     "paper's formula applied to our measurements, not a measured peak.",
     "pfedhn has no row in the paper; its client trains the target network (the zoo model at the weakest client's "
     "width, as every capacity-unaware method); the hypernetwork stays on the server (its size is listed separately).",
-    "Pa3dFL is not measured yet (bench.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
+    "Pa3dFL is not measured yet (scripts.pa3dfl.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
     if "pa3dfl" in NOT_BUILT else
     "pa3dfl = Pa3dFL's client model: every body layer decomposed into U [R1, k^2, R2] (general) and V [T/R1, S, R2] "
     "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2 capped at the "
@@ -821,7 +821,7 @@ NOTES = (
     "p-width's at r = 1/4, put R2 near R1 k^2). The step trains the "
     "local head (the global head is fixed, so only its size counts). Its server hypernetwork (conf/method/pa3dfl.yaml: "
     "embedding 64, hidden 64, 3 encoder layers; one decoder Linear(hidden, |V_l|) per layer) is in server_mb; its "
-    "cost per round is Table 9 (scripts/pa3dfl_hn_cost.py).",
+    "cost per round is Table 9 (scripts/pa3dfl/hn_cost.py).",
     "The paper's FLOPs unit did not survive the text extraction (the column header reads 'FLOPs ()'); its full-width "
     "value (188.0 at batch 128, linear in the batch size) is neither our training step nor our forward pass in "
     "GFLOPs, so compare the relative table (FLOPs / FedAvg's). The paper's FedAvg model size (30.4 MB) is also "
@@ -861,7 +861,7 @@ def run(opts: Options, out: Path, log: Callable[[str], None] = lambda s: None) -
 
 # ------------------------------------------------------------------------------------------------ CLI
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.efficiency", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m scripts.pa3dfl.efficiency", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results/pa3dfl"), help="output folder (default: %(default)s)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), metavar="NAME",

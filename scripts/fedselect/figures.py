@@ -1,8 +1,8 @@
 """FedSelect Figures 1 and 2 from run records (PNG + PDF under results/fedselect/figures/).
 
-    python scripts/fedselect_figures.py fig1 [--scale mini] [--seed 0] [--row "FedSelect(0.50)"]
-    python scripts/fedselect_figures.py fig2 [--scale mini]
-    python scripts/fedselect_figures.py all [--scale mini]      # every figure whose runs exist (make plots)
+    python scripts/fedselect/figures.py fig1 [--scale mini] [--seed 0] [--row "FedSelect(0.50)"]
+    python scripts/fedselect/figures.py fig2 [--scale mini]
+    python scripts/fedselect/figures.py all [--scale mini]      # every figure whose runs exist (make plots)
 
 Fig. 1: intersection over union of every pair of clients' personal masks on the final linear layer (p = 0.50),
 one heatmap per shard setting (s = 2, s = 4), from the ``head_mask_iou`` that FedSelect records every round
@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # this tree's bench, also in a worktree whose venv's editable install points at another checkout: the Fig. 2 runs
 # are found through this tree's spec expansion (its runs' exp)
 sys.path.insert(0, str(ROOT))

@@ -1,6 +1,6 @@
 """Pa3dFL Table 9: the cost of the server's hypernetwork per round, ours beside the paper's (results/pa3dfl/table9.*).
 
-    python scripts/pa3dfl_hn_cost.py [--models cnn_cifar100 resnet18_gn] [--depths 1 2 3] [--repeats 5]
+    python scripts/pa3dfl/hn_cost.py [--models cnn_cifar100 resnet18_gn] [--depths 1 2 3] [--repeats 5]
                                      [--repeats-for resnet18_gn=2]
                                      [--embed-dim 64] [--hidden-dim 64] [--num-clients 100] [--participation 0.2]
                                      [--out results/pa3dfl]
@@ -28,7 +28,7 @@ per round, Hetero capacities r_i ~ U[0.01, 1] with R1 = T / 16):
   Python/torch runtime). Each configuration runs in its own subprocess, so peaks do not carry over.
 
 Everything runs on the CPU with ``--threads`` torch threads (default 1). The paper's numbers
-(conf/paper/pa3dfl_hn_cost.csv) come from a GPU (its unit is read as seconds); they are printed beside ours, never
+(conf/paper/pa3dfl/hn_cost.csv) come from a GPU (its unit is read as seconds); they are printed beside ours, never
 mixed in.
 """
 
@@ -53,9 +53,9 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this tree's code, also in the measuring subprocess, not an installed checkout's
-PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl_hn_cost.csv"
+PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl" / "hn_cost.csv"
 #: our config name -> (classes, input channels, image size, the paper's label)
 MODELS: dict[str, tuple[int, int, int, str]] = {
     "cnn_cifar100": (100, 3, 32, "CNN, CIFAR-100"),
@@ -262,7 +262,7 @@ def fmt(value: Any, digits: int = 3) -> str:
 def render(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]) -> str:
     lines = ["# Pa3dFL Table 9: hypernetwork cost per round", "",
              "Ours measured here on the CPU; the columns labelled **paper** are Pa3dFL's Table 9 "
-             "(conf/paper/pa3dfl_hn_cost.csv), measured on a GPU, unit read as seconds. They are not comparable in "
+             "(conf/paper/pa3dfl/hn_cost.csv), measured on a GPU, unit read as seconds. They are not comparable in "
              "absolute terms: compare how each grows with the depth and with the model.", ""]
     lines += [f"- **{k}**: {v}" for k, v in header.items()]
     head = ["model", "HN (embed, hidden, depth)", "generation s/round (ours, wall)", "update s/round (ours, wall)",
@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(measure(settings[0])))
         return 0
     cli = sys.argv[1:] if argv is None else list(argv)
-    command = "python " + shlex.join(["scripts/pa3dfl_hn_cost.py", *cli]) + " (from the repository root)"
+    command = "python " + shlex.join(["scripts/pa3dfl/hn_cost.py", *cli]) + " (from the repository root)"
     run_table(settings, args.threads, args.out, command, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(args.out / "table9.md")
     return 0

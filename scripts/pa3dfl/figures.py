@@ -1,17 +1,17 @@
 """Pa3dFL Figures 2 and 3 from the run records of Table 1's Hetero columns, Fig. 4 from the decomposed layers' sizes
 and Fig. 5 from Table 1's partitions (PNG + PDF + CSV under results/pa3dfl/figures/).
 
-    python scripts/pa3dfl_figures.py fig2 [--scale mini] [--runs runs]
-    python scripts/pa3dfl_figures.py fig3 [--scale mini] [--runs runs]
-    python scripts/pa3dfl_figures.py fig4                      # no scale, no runs: built layers' parameter counts
-    python scripts/pa3dfl_figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
-    python scripts/pa3dfl_figures.py fig6 [--scale mini]       # learning curves, Ideal and Hetero (Table 1 + fig6.yaml)
-    python scripts/pa3dfl_figures.py fig8 [--scale mini]       # lambda swept (table CSV of conf/paper/pa3dfl/fig8.yaml)
-    python scripts/pa3dfl_figures.py depth [--scale mini]      # HN depth swept (fig_hn_depth.yaml's table CSV)
-    python scripts/pa3dfl_figures.py attention [--scale mini]  # Pa3dFL's attention entropy and fusion alpha per round
-    python scripts/pa3dfl_figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
-    python scripts/pa3dfl_figures.py all --scale medium        # the FashionMNIST column on the real data
-    python scripts/pa3dfl_figures.py fig2 --run RUN_DIR ...    # any run directories, grouped by method
+    python scripts/pa3dfl/figures.py fig2 [--scale mini] [--runs runs]
+    python scripts/pa3dfl/figures.py fig3 [--scale mini] [--runs runs]
+    python scripts/pa3dfl/figures.py fig4                      # no scale, no runs: built layers' parameter counts
+    python scripts/pa3dfl/figures.py fig5 [--scale mini]       # no runs: the partitions of seed 0
+    python scripts/pa3dfl/figures.py fig6 [--scale mini]       # learning curves, Ideal and Hetero (Table 1 + fig6.yaml)
+    python scripts/pa3dfl/figures.py fig8 [--scale mini]       # lambda swept (table CSV of conf/paper/pa3dfl/fig8.yaml)
+    python scripts/pa3dfl/figures.py depth [--scale mini]      # HN depth swept (fig_hn_depth.yaml's table CSV)
+    python scripts/pa3dfl/figures.py attention [--scale mini]  # Pa3dFL's attention entropy and fusion alpha per round
+    python scripts/pa3dfl/figures.py all [--scale mini]        # every figure whose inputs exist (make plots)
+    python scripts/pa3dfl/figures.py all --scale medium        # the FashionMNIST column on the real data
+    python scripts/pa3dfl/figures.py fig2 --run RUN_DIR ...    # any run directories, grouped by method
 
 Fig. 2 (capacity-specific accuracy): in each Hetero column of Table 1 (conf/paper/pa3dfl/table1.yaml), every run's
 clients are sorted by their capacity r_i (``partition/capacities.csv``) and cut into five clusters of (nearly) equal
@@ -79,7 +79,7 @@ from bench.experiment.plots import STYLE, save, write_caption  # noqa: E402
 from bench.experiment.spec import expand, label, load_spec, output_base  # noqa: E402
 from common.verified_io import atomic_write_text, read_jsonl  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "table1.yaml"
 FIG6_SPEC = ROOT / "conf" / "paper" / "pa3dfl" / "fig6.yaml"
 METHOD_CONF = ROOT / "conf" / "method" / "pa3dfl.yaml"

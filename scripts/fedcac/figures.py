@@ -1,15 +1,15 @@
 """FedCAC figures from run records (one command each; PNG + PDF under results/fedcac/figures/).
 
-    python scripts/fedcac_figures.py fig3 [--scale mini]   # selection schemes    (from results/fedcac/fig3*.csv)
-    python scripts/fedcac_figures.py fig4 [--scale mini]   # collaboration schemes
-    python scripts/fedcac_figures.py fig5 [--scale mini]   # tau sweep
-    python scripts/fedcac_figures.py fig6 [--scale mini]   # beta sweep
-    python scripts/fedcac_figures.py fig7 [--scale mini]   # overlap matrix of 15 clients beside their class mixes
-    python scripts/fedcac_figures.py fig7 --run RUN_DIR    # ... of any FedCAC run that recorded overlap matrices
-    python scripts/fedcac_figures.py fig8 [--scale mini]   # Dirichlet partitions, alpha 0.01 / 0.1 / 0.5 / 1.0
-    python scripts/fedcac_figures.py fig1a [--scale mini]  # angle between two clients' updates, several alpha
-    python scripts/fedcac_figures.py fig1b [--scale mini]  # last-layer sensitivity, 4:4:1:1 class mix
-    python scripts/fedcac_figures.py all [--scale mini]    # every figure whose records exist (make plots)
+    python scripts/fedcac/figures.py fig3 [--scale mini]   # selection schemes    (from results/fedcac/fig3*.csv)
+    python scripts/fedcac/figures.py fig4 [--scale mini]   # collaboration schemes
+    python scripts/fedcac/figures.py fig5 [--scale mini]   # tau sweep
+    python scripts/fedcac/figures.py fig6 [--scale mini]   # beta sweep
+    python scripts/fedcac/figures.py fig7 [--scale mini]   # overlap matrix of 15 clients beside their class mixes
+    python scripts/fedcac/figures.py fig7 --run RUN_DIR    # ... of any FedCAC run that recorded overlap matrices
+    python scripts/fedcac/figures.py fig8 [--scale mini]   # Dirichlet partitions, alpha 0.01 / 0.1 / 0.5 / 1.0
+    python scripts/fedcac/figures.py fig1a [--scale mini]  # angle between two clients' updates, several alpha
+    python scripts/fedcac/figures.py fig1b [--scale mini]  # last-layer sensitivity, 4:4:1:1 class mix
+    python scripts/fedcac/figures.py all [--scale mini]    # every figure whose records exist (make plots)
 
 Figs. 3-6 read the table CSVs written by ``python -m bench.experiment.table conf/paper/fedcac/figN.yaml``; Fig. 7 reads
 the runs of ``conf/paper/fedcac/fig7.yaml`` (``make fedcac-fig7``); Fig. 8 builds the partitions of
@@ -41,7 +41,7 @@ from bench.experiment.plots import STYLE, save, write_caption  # noqa: E402
 from bench.experiment.spec import output_base  # noqa: E402
 from common.verified_io import read_jsonl  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = Path("results/fedcac/figures")
 
 

@@ -1,8 +1,8 @@
 """FedC2I Figure 3 from run records: heatmaps of every client's influence vector lambda_m at chosen rounds.
 
-    python scripts/fedc2i_figures.py fig3 [--scale mini] [--seed 0] [--rounds 1 2 10 20]
-    python scripts/fedc2i_figures.py fig3 --run RUN_DIR      # any FedC2I run directory
-    python scripts/fedc2i_figures.py all [--scale mini]      # every figure whose runs exist (make plots)
+    python scripts/fedc2i/figures.py fig3 [--scale mini] [--seed 0] [--rounds 1 2 10 20]
+    python scripts/fedc2i/figures.py fig3 --run RUN_DIR      # any FedC2I run directory
+    python scripts/fedc2i/figures.py all [--scale mini]      # every figure whose runs exist (make plots)
 
 Each heatmap is one round: row m is client m's influence vector lambda_m (Eq. 5: how much each client's
 upload lowers client m's loss, normalised to sum to one), as FedC2I records it every round (``kind: method``
@@ -27,7 +27,7 @@ from bench.experiment.plots import STYLE, finished_run, heatmap, save  # noqa: E
 from bench.experiment.spec import output_base  # noqa: E402
 from common.verified_io import read_jsonl  # noqa: E402
 
-SPECS = Path(__file__).resolve().parent.parent / "conf" / "paper" / "fedc2i"
+SPECS = Path(__file__).resolve().parents[2] / "conf" / "paper" / "fedc2i"
 #: Fig. 3's panels: (table spec, the paper's rounds, the paper's round count)
 PANELS = {"Digit-5": ("table1.yaml", (1, 2, 10, 20), 20), "Office-10": ("table2.yaml", (1, 4, 10, 40), 40)}
 
