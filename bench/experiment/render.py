@@ -1,4 +1,6 @@
-"""Rendering of collected tables: ours (mean ± std) beside the paper's number, as Markdown, LaTeX and CSV.
+"""A collected paper table as a :class:`bench.experiment.result.Result` (ours, mean ± std, beside the paper's number;
+the paired comparisons, Kendall's tau, metrics, the cells not averaged in), written as Markdown, LaTeX, CSV and
+``.stats.json`` (the statistics, and the result under ``"result"``, which the results page renders).
 
 ``python -m bench.experiment.render <spec.yaml> [--scale mini] [--results results]`` re-renders a written table's
 Markdown and LaTeX from its CSV and ``.stats.json`` alone (after a change to the rendering, when the runs are gone)."""
@@ -9,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +19,16 @@ from typing import Any
 
 import pandas as pd
 
+from bench.experiment.result import (
+    Block,
+    Result,
+    bullets,
+    grid,
+    markdown_grid,
+    paragraph,
+    to_latex,
+    to_markdown,
+)
 from bench.experiment.spec import (
     SCALES,
     label,
@@ -177,40 +190,15 @@ def measured_note(spec: dict[str, Any], scale: str) -> list[str]:
 
 def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table of ``frame`` with its index as the first column."""
-    header = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for idx, row in frame.iterrows():
-        lines.append("| " + " | ".join([str(idx)] + ["" if pd.isna(v) else str(v) for v in row]) + " |")
-    return "\n".join(lines)
+    block = frame_grid(frame)
+    return "\n".join(markdown_grid(block.head, block.rows))
 
 
-def _latex_escape(text: str) -> str:
-    out = str(text)
-    for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
-                       ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
-                       ("^", r"\textasciicircum{}")):
-        out = out.replace(char, repl)
-    for char, repl in (("±", r"$\pm$"), ("⚑", r"$^\dagger$"), ("‡", r"$^\ddagger$"), ("§", r"\S{}"), ("—", "--"),
-                       ("²", r"$^2$"), ("≤", r"$\le$")):
-        out = out.replace(char, repl)
-    return out
-
-
-def latex_table(frame: pd.DataFrame, title: str, caption: str = "", notes: Sequence[str] = ()) -> str:
-    """A standalone ``table`` environment (booktabs) of ``frame`` with its index as the first column."""
-    header = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
-    lines = [r"\begin{table}[t]", r"\centering", r"\small",
-             rf"\caption{{{_latex_escape(title)}. {_latex_escape(caption)}}}",
-             r"\begin{tabular}{l" + "c" * len(frame.columns) + "}", r"\toprule",
-             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
-    for idx, row in frame.iterrows():
-        cells = [_latex_escape(idx)] + ["" if pd.isna(v) else _latex_escape(v) for v in row]
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    if notes:
-        lines += [r"\par\footnotesize Not averaged in: " + "; ".join(_latex_escape(n) for n in notes) + "."]
-    lines += [r"\end{table}", ""]
-    return "\n".join(lines)
+def frame_grid(frame: pd.DataFrame, kind: str = "") -> Block:
+    """A grid block of ``frame`` with its index as the first column (a missing value as an empty cell)."""
+    head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
+    return grid(head, [[str(idx)] + ["" if pd.isna(v) else str(v) for v in row] for idx, row in frame.iterrows()],
+                kind)
 
 
 def _paired_cell(p: dict[str, Any]) -> str:
@@ -220,22 +208,22 @@ def _paired_cell(p: dict[str, Any]) -> str:
     return f"{p['mean_diff']:+.2f}{interval}{paper}{mark}"
 
 
-def comparisons(frame: pd.DataFrame) -> list[str]:
-    """Markdown lines: the spec's ``compare`` row against the best other row and against every other row
-    (paired over seeds, with a confidence interval and the paper's sign), and Kendall's tau between our
-    ordering of the rows and the paper's (``bench.experiment.collect``)."""
-    lines = []
+def comparisons(frame: pd.DataFrame) -> list[Block]:
+    """The spec's ``compare`` row against the best other row and against every other row (paired over seeds, with
+    a confidence interval and the paper's sign), and Kendall's tau between our ordering of the rows and the
+    paper's (``bench.experiment.collect``)."""
+    blocks = []
     paired = frame.attrs.get("paired", [])
     best = [p for p in paired if p.get("best_other")]
     if best:
         row = best[0]["row"]
-        lines.append("Paired difference over seeds (same seed = same partition and initialisation), "
-                     f"{row} minus the best other row of the column:")
+        items = []
         for p in best:
             spread = "" if math.isnan(p["std_diff"]) else f" ± {p['std_diff']:.2f}"
-            lines.append(f"- {p['column']}: {row} − {p['other']} = {p['mean_diff']:+.2f}{spread} "
+            items.append(f"{p['column']}: {row} − {p['other']} = {p['mean_diff']:+.2f}{spread} "
                          f"over {p['seeds']} seeds ({row} higher in {p['higher_in']} of {p['seeds']})")
-        lines.append("")
+        blocks.append(bullets(items, "Paired difference over seeds (same seed = same partition and initialisation), "
+                                     f"{row} minus the best other row of the column:", "paired"))
         columns = list(dict.fromkeys(p["column"] for p in paired))
         others = list(dict.fromkeys(p["other"] for p in paired))
         cells = {(p["other"], p["column"]): _paired_cell(p) for p in paired}
@@ -243,24 +231,22 @@ def comparisons(frame: pd.DataFrame) -> list[str]:
                              columns=columns)
         table.index.name = f"{row} minus"
         level = round(100 * paired[0]["confidence"])
-        lines += [f"{row} minus each other row, mean of the paired differences [{level}% t-interval] (the paper's "
-                  "difference); ✓ same sign as the paper, ✗ opposite sign, ✗! opposite sign beyond noise "
-                  "(the interval excludes zero):", "", markdown_table(table), ""]
+        blocks += [paragraph(f"{row} minus each other row, mean of the paired differences [{level}% t-interval] "
+                             "(the paper's difference); ✓ same sign as the paper, ✗ opposite sign, ✗! opposite sign "
+                             "beyond noise (the interval excludes zero):", "paired"), frame_grid(table, "paired")]
     ordering = frame.attrs.get("ordering", [])
     if ordering:
-        lines.append("Ordering of the rows against the paper's (Kendall's τ over the rows with both numbers; "
-                     "1 = same order, −1 = reversed):")
-        for o in ordering:
-            lines.append(f"- {o['column']}: τ = {o['tau']:+.2f} over {o['rows']} rows; best here {o['ours_best']}, "
-                         f"in the paper {o['paper_best']}")
-        lines.append("")
-    return lines
+        blocks.append(bullets([f"{o['column']}: τ = {o['tau']:+.2f} over {o['rows']} rows; best here "
+                               f"{o['ours_best']}, in the paper {o['paper_best']}" for o in ordering],
+                              "Ordering of the rows against the paper's (Kendall's τ over the rows with both "
+                              "numbers; 1 = same order, −1 = reversed):", "ordering"))
+    return blocks
 
 
-def metric_tables(frame: pd.DataFrame) -> list[str]:
-    """Markdown: per metric the spec names (``metrics:``), its final-round value per row and column, mean over the
-    runs that record it (``summary.json``'s ``final_metrics``)."""
-    lines = []
+def metric_tables(frame: pd.DataFrame) -> list[Block]:
+    """Per metric the spec names (``metrics:``), its final-round value per row and column, mean over the runs that
+    record it (``summary.json``'s ``final_metrics``)."""
+    blocks = []
     for name, entries in frame.attrs.get("metrics", {}).items():
         if not entries:
             continue
@@ -268,30 +254,50 @@ def metric_tables(frame: pd.DataFrame) -> list[str]:
         order = list(dict.fromkeys(e["row"] for e in entries))
         table = table.loc[order, list(dict.fromkeys(e["column"] for e in entries))].map(lambda v: f"{v:.4g}")
         table.index.name = "method"
-        lines += [f"`{name}` at the final round (the method's own record; mean over seeds):", "",
-                  markdown_table(table), ""]
-    return lines
+        blocks += [paragraph(f"`{name}` at the final round (the method's own record; mean over seeds):", "metrics"),
+                   frame_grid(table, "metrics")]
+    return blocks
+
+
+def flagged_cells(frame: pd.DataFrame, problems: Sequence[str]) -> dict[str, list[list[str]]]:
+    """The cells a reader marks: not averaged in (with the state the problem line or the cell names: failed,
+    missing, diverged, ...) and stale (computed by other code than this tree), as ``Result.cells``."""
+    pairs = list(dict.fromkeys((str(m), str(c)) for m, c in zip(frame["method"], frame["column"], strict=True)))
+    states: dict[tuple[str, str], str] = {}
+    for line in problems:
+        for method, column in pairs:
+            hit = re.match(rf"^([A-Za-z ]+): {re.escape(method)} \| {re.escape(column)}(?=:| \|)", line)
+            if hit:
+                states.setdefault((method, column), hit.group(1))
+    for key, state in (("diverged_cells", "diverged"), ("untrained_cells", "did not train")):
+        for method, column in frame.attrs.get(key, []):
+            states.setdefault((method, column), state)
+    stale = {(m, c) for line in frame.attrs.get("stale", []) for m, c in pairs if line.startswith(f"{m} | {c}:")}
+    stale |= {(m, c) for m, c in frame.attrs.get("stale_cells", [])}
+    return {"problems": [[m, c, s] for (m, c), s in states.items()], "stale": [[m, c] for m, c in sorted(stale)]}
+
+
+def result(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: Sequence[str]) -> Result:
+    """The table as a result: ours (mean ± std) and the paper's number side by side, per column, then the
+    comparisons, metrics, tuned points, the cells not averaged in and the stale ones."""
+    blocks = [frame_grid(wide_table(frame, scale), "table"), *comparisons(frame), *metric_tables(frame)]
+    tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
+             for column, point in row.get("tuned", {}).items()]
+    if tuned:
+        blocks.append(bullets(tuned, f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", "tuned"))
+    if problems:
+        blocks.append(bullets(problems, "Not averaged in (missing, failed, diverged, did not train, or partial runs):",
+                              "problems"))
+    if frame.attrs.get("stale"):
+        blocks.append(bullets(frame.attrs["stale"], "‡ Averaged in, but computed by other code than this tree "
+                                                    "(`--rerun-stale` reruns them):", "stale"))
+    return Result(title(spec, scale), caption(spec, scale, has_paper_numbers(frame), frame), blocks,
+                  flagged_cells(frame, problems))
 
 
 def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
     """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
-    lines = [f"# {title(spec, scale)}", ""]
-    for paragraph in caption(spec, scale, has_paper_numbers(frame), frame):
-        lines += [paragraph, ""]
-    lines += [markdown_table(wide_table(frame, scale)), ""]
-    lines += comparisons(frame)
-    lines += metric_tables(frame)
-    tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
-             for column, point in row.get("tuned", {}).items()]
-    if tuned:
-        lines += [f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", *[f"- {t}" for t in tuned], ""]
-    if problems:
-        lines += ["Not averaged in (missing, failed, diverged, did not train, or partial runs):",
-                  *[f"- {p}" for p in problems], ""]
-    if frame.attrs.get("stale"):
-        lines += ["‡ Averaged in, but computed by other code than this tree (`--rerun-stale` reruns them):",
-                  *[f"- {s}" for s in frame.attrs["stale"]], ""]
-    return "\n".join(lines)
+    return to_markdown(result(spec, scale, frame, problems))
 
 
 def _json_safe(value: Any) -> Any:
@@ -306,26 +312,38 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_markdown_and_latex(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
-                             base: Path) -> None:
-    """``<base>.md`` and ``<base>.tex`` of a collected table, each written atomically."""
-    atomic_write_text(base.with_suffix(".md"), render(spec, scale, frame, problems))
-    atomic_write_text(base.with_suffix(".tex"), latex_table(wide_table(frame, scale), title(spec, scale), " ".join(
-        caption(spec, scale, has_paper_numbers(frame), frame)).replace("**", ""), problems))
+                             base: Path) -> Result:
+    """``<base>.md`` and ``<base>.tex`` of a collected table, each written atomically; returns the result."""
+    table = result(spec, scale, frame, problems)
+    atomic_write_text(base.with_suffix(".md"), to_markdown(table))
+    atomic_write_text(base.with_suffix(".tex"), to_latex(table, table.of_kind("table")[0], problems))
+    return table
+
+
+def statistics(frame: pd.DataFrame, table: Result) -> dict[str, Any]:
+    """The ``.stats.json`` of a table: its statistics (seeds, test images, paired differences, Kendall's tau,
+    row protocols, unchecked runs, metrics, widths) and the rendered result (``"result"``)."""
+    stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
+    stats["row_protocols"] = frame.attrs.get("row_protocols", {})
+    stats["unchecked_runs"] = frame.attrs.get("unchecked_runs", 0)
+    stats["metrics"] = frame.attrs.get("metrics", {})
+    stats["widths"] = frame.attrs.get("widths", [])
+    stats["result"] = table.as_json()
+    return stats
 
 
 def write_table(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
                 results_dir: str | os.PathLike = "results") -> Path:
     """Markdown, LaTeX and CSV side by side (each written atomically); returns the Markdown path."""
     base = output_base(spec["paper"], label(spec), scale, results_dir)
-    write_markdown_and_latex(spec, scale, frame, problems, base)
+    table = write_markdown_and_latex(spec, scale, frame, problems, base)
     atomic_write_text(base.with_suffix(".csv"), frame.to_csv(index=False))
-    stats = {key: frame.attrs.get(key, []) for key in ("seeds", "test_images", "paired", "ordering")}
-    stats["row_protocols"] = frame.attrs.get("row_protocols", {})
-    stats["unchecked_runs"] = frame.attrs.get("unchecked_runs", 0)
-    stats["metrics"] = frame.attrs.get("metrics", {})
-    stats["widths"] = frame.attrs.get("widths", [])
-    atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
+    write_statistics(base, statistics(frame, table))
     return base.with_suffix(".md")
+
+
+def write_statistics(base: Path, stats: dict[str, Any]) -> None:
+    atomic_write_text(base.with_suffix(".stats.json"), json.dumps(_json_safe(stats), indent=1, allow_nan=False))
 
 
 #: numbers of the stats file that JSON stores as null when they are NaN
@@ -333,27 +351,35 @@ _NUMERIC_STATS = ("mean_diff", "std_diff", "ci_low", "ci_high", "paper_diff", "t
 
 
 def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> Path:
-    """Rewrite the Markdown and LaTeX of a table that ``write_table`` wrote, from its CSV and ``.stats.json``;
-    returns the Markdown path. A table with stale, diverged or unaveraged cells cannot be: those marks live in the
-    runs, not the CSV (``python -m bench.experiment.table`` re-collects it)."""
+    """Rewrite the Markdown and LaTeX of a table that ``write_table`` wrote, from its CSV and ``.stats.json``, and
+    the result in its ``.stats.json`` (its statistics kept as they are); returns the Markdown path. A table with
+    stale, diverged or unaveraged cells cannot be: those marks live in the runs, not the CSV
+    (``python -m bench.experiment.table`` re-collects it)."""
     base = output_base(spec["paper"], label(spec), scale, results_dir)
     if not base.with_suffix(".csv").exists():
         raise FileNotFoundError(f"{base.with_suffix('.csv')} does not exist: write the table first "
                                 f"(python -m bench.experiment.table <spec> --scale {scale})")
-    old = base.with_suffix(".md").read_text() if base.with_suffix(".md").exists() else ""
-    if "‡" in old or "Not averaged in" in old or "| diverged" in old or "| did not train" in old:
+    stats = json.loads(base.with_suffix(".stats.json").read_text()) if base.with_suffix(".stats.json").exists() \
+        else {}
+    if stats.get("result"):
+        cells = Result.from_json(stats["result"]).cells
+        flagged = bool(cells.get("problems") or cells.get("stale"))
+    else:  # written before tables kept their result: its marks are in its Markdown only
+        old = base.with_suffix(".md").read_text() if base.with_suffix(".md").exists() else ""
+        flagged = "‡" in old or "Not averaged in" in old or "| diverged" in old or "| did not train" in old
+    if flagged:
         raise ValueError(f"{base.with_suffix('.md')} has stale, diverged or unaveraged cells, which its CSV does not "
                          "record: re-collect it from the runs with python -m bench.experiment.table instead")
     frame = pd.read_csv(base.with_suffix(".csv"))
-    stats = json.loads(base.with_suffix(".stats.json").read_text()) if base.with_suffix(".stats.json").exists() \
-        else {}
     for key, entries in stats.items():
         if key in ("paired", "ordering"):
             entries = [{k: math.nan if k in _NUMERIC_STATS and v is None else v for k, v in e.items()}
                        for e in entries]
-        frame.attrs[key] = entries
+        if key != "result":
+            frame.attrs[key] = entries
     frame.attrs.update(stale_cells=[], diverged_cells=[], untrained_cells=[], stale=[])
-    write_markdown_and_latex(spec, scale, frame, [], base)
+    table = write_markdown_and_latex(spec, scale, frame, [], base)
+    write_statistics(base, {**stats, "result": table.as_json()})
     return base.with_suffix(".md")
 
 

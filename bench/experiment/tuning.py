@@ -37,7 +37,8 @@ import pandas as pd
 from bench.core.records import RunDir
 from bench.core.summary import pick
 from bench.experiment.cells import run_cells
-from bench.experiment.render import markdown_table
+from bench.experiment.render import frame_grid
+from bench.experiment.result import Result, to_markdown
 from bench.experiment.spec import expand, label, output_base, scale_block, scale_columns
 from common.verified_io import atomic_write_json, atomic_write_text
 
@@ -153,13 +154,13 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
                            "mean val acc": f"{r['val_acc']:.2f}",
                            "chosen": "✓" if chosen[(r["row"], r["column"])]["chosen"] == r["point"] else ""}
                           for r in report if "point" in r]).set_index("row")
-    text = [f"# Tuning for {spec['paper']} {label(spec)} ({scale} scale)", "",
-            f"Grid search on each client's validation split (val_fraction={tuning['val_fraction']}), seeds "
-            f"{tuning['seeds']}; score = mean over seeds of the mean validation accuracy at the "
-            f"{'final round' if score_selection(proto) == 'final' else 'round of best mean validation accuracy'} "
-            f"(stage={proto['stage']}, weighting={proto['weighting']}); ties go to the first grid point. "
-            "The chosen values are used for the table's final seeds.", "", markdown_table(frame), ""]
-    atomic_write_text(base.with_name(base.name + ".md"), "\n".join(text))
+    searched = Result(f"Tuning for {spec['paper']} {label(spec)} ({scale} scale)", [
+        f"Grid search on each client's validation split (val_fraction={tuning['val_fraction']}), seeds "
+        f"{tuning['seeds']}; score = mean over seeds of the mean validation accuracy at the "
+        f"{'final round' if score_selection(proto) == 'final' else 'round of best mean validation accuracy'} "
+        f"(stage={proto['stage']}, weighting={proto['weighting']}); ties go to the first grid point. "
+        "The chosen values are used for the table's final seeds."], [frame_grid(frame)])
+    atomic_write_text(base.with_name(base.name + ".md"), to_markdown(searched))
     return tuned
 
 
