@@ -158,6 +158,13 @@ def test_cli_writes_markdown_csv_and_json_with_the_paper_columns(tmp_path):
     data = json.loads((tmp_path / "efficiency.json").read_text())
     assert {"device", "torch", "threads", "model", "input", "flops", "memory"} <= set(data["header"])
     assert len(data["rows"]) == 6 and not list(tmp_path.glob(".*.tmp"))
+    assert data["result"]["title"].startswith("Pa3dFL Tables 2 and 8") and data["layout"]["batch_sizes"] == [2, 128]
+    written = {name: (tmp_path / name).read_bytes() for name in ("efficiency.md", "efficiency.csv", "efficiency.json")}
+    for name in ("efficiency.md", "efficiency.csv"):
+        (tmp_path / name).write_text("old")
+    assert eff.main(["--out", str(tmp_path), "--rerender"]) == 0  # from the JSON alone, measuring nothing
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    assert eff.main(["--out", str(tmp_path / "none"), "--rerender"]) == 2
 
 
 @pytest.mark.parametrize("args, bad", [

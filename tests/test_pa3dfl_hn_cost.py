@@ -83,7 +83,12 @@ def test_the_paper_numbers_are_read_and_printed_in_their_own_columns(tmp_path, m
     md = (tmp_path / "table9.md").read_text()
     assert "| optimization s/round (paper) |" in md and "| 0.03 |" in md and "GPU" in md
     assert "| update s/round (ours, wall) |" in md and "| update CPU s/round (ours) |" in md
-    assert "skipped" in md and "python x" in md
+    assert "skipped" in md and "python x" in md and "conf/paper/pa3dfl/hn_cost.csv" in md
+    written = {name: (tmp_path / name).read_bytes() for name in ("table9.md", "table9.csv", "table9.json")}
+    (tmp_path / "table9.md").write_text("old")
+    assert cost.main(["--out", str(tmp_path), "--rerender"]) == 0  # from the JSON alone, measuring nothing
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    assert cost.main(["--out", str(tmp_path / "none"), "--rerender"]) == 2
 
 
 def test_command_line_writes_table9(tmp_path):

@@ -52,6 +52,7 @@ import csv
 import dataclasses
 import functools
 import io
+import json
 import platform
 import sys
 import time
@@ -82,11 +83,13 @@ from bench.core.capacity import PREFERRED_WIDTHS, weakest_width
 from bench.core.engine import make_optimizer
 from bench.experiment.compose import compose_config, to_container
 from bench.experiment.provenance import cpu_name
+from bench.experiment.result import Result, bullets, grid, heading, paragraph, to_markdown
 from common.seeding import derive_seed
 from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl" / "efficiency.csv"
+PAPER_FILE = str(PAPER_CSV.relative_to(ROOT)) if PAPER_CSV.is_relative_to(ROOT) else str(PAPER_CSV)
 DEFAULT_BATCH_SIZES = (16, 64, 128, 512)
 DEFAULT_SIZE_RATIOS = ("1/256", "1/64", "1/4", "1")
 #: Pa3dFL's CIFAR-10 model (Sec. 6.1, App. D.2): ResNet-18 with GroupNorm (2 groups), torchvision layout
@@ -111,6 +114,8 @@ NOT_BUILT: frozenset[str] = frozenset()
 #: measured variants of a method besides the method as implemented ("" = as implemented)
 VARIANTS: dict[str, tuple[str, ...]] = {"flanc": ("", "factored"), "pfedgate": ("", "D.4"), "pa3dfl": ("", "cheaper")}
 METRICS = ("flops", "peak_memory_mb", "model_size_mb")
+#: the ``train`` keys the header's optimizer line shows, in this order (also when read back from the sorted JSON)
+OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "grad_clip")
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -658,7 +663,7 @@ def header_info(opts: Options, cfg: Mapping[str, Any]) -> dict[str, Any]:
                  f"({parameter_count(full):,} parameters at full width)",
         "input": f"{opts.shape.in_channels}x{opts.shape.image_size}x{opts.shape.image_size}, "
                  f"{opts.shape.num_classes} classes, random batch (seed {opts.seed})",
-        "optimizer": {k: cfg["train"][k] for k in ("optimizer", "lr", "momentum", "weight_decay", "grad_clip")},
+        "optimizer": {k: cfg["train"][k] for k in OPTIMIZER_KEYS},
         "config": list(opts.config),
         "flops": "torch.utils.flop_counter.FlopCounterMode over one training step (forward + backward of the "
                  "cross-entropy; the optimizer update is elementwise and not counted); matrix products and "
@@ -674,13 +679,8 @@ def header_info(opts: Options, cfg: Mapping[str, Any]) -> dict[str, Any]:
                    "batch present at the start): parameters + gradients + optimizer state + activations saved for "
                    "backward + temporaries; no allocator caching, library workspace or CUDA context. MB = 1e6 bytes."),
         "model_size": "bytes of the client model's parameters (float32), MB = 1e6 bytes",
-        "paper": str(PAPER_CSV.relative_to(ROOT)) if PAPER_CSV.is_relative_to(ROOT) else str(PAPER_CSV),
+        "paper": PAPER_FILE,
     }
-
-
-def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return out + ["| " + " | ".join(line) + " |" for line in lines]
 
 
 def _row_order(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -719,31 +719,36 @@ METRIC_TITLES = {"flops": "FLOPs of one training step (GFLOPs; paper: unit as pr
                  "peak_memory_mb": "Peak memory of one training step (MB)", "model_size_mb": "Model size (MB)"}
 
 
-def render_markdown(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any], ratios: Sequence[str],
-                    batch_sizes: Sequence[int], table2_batch: int) -> str:
+def fact(value: Any) -> Any:
+    """A header value as the Markdown shows it: the optimizer's settings in :data:`OPTIMIZER_KEYS` order."""
+    if isinstance(value, Mapping) and set(value) <= set(OPTIMIZER_KEYS):
+        return {k: value[k] for k in OPTIMIZER_KEYS if k in value}
+    return value
+
+
+def efficiency_result(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any], ratios: Sequence[str],
+                      batch_sizes: Sequence[int], table2_batch: int, notes: Sequence[str] = ()) -> Result:
+    """Tables 2 and 8 as a result: ours beside the paper's numbers (``header["paper"]`` names their file), per
+    metric, batch size and size ratio, with the ratios to FedAvg, the memory per extra sample and the server state."""
     by = {(r["row"], int(r["batch_size"]), r["size_ratio"]): r for r in rows}
     names = _row_order(rows)
     paper_of = {r["row"]: r["paper_method"] or "-" for r in rows}
-    lines = ["# Pa3dFL Tables 2 and 8: training cost of the capacity-heterogeneous methods", "",
-             "Ours measured here; columns labelled **paper** are Pa3dFL's numbers (conf/paper/pa3dfl/efficiency.csv). "
-             "r = size ratio (share of the full model a client can hold; width-reduction methods use width sqrt(r)).",
-             ""]
-    for key in ("device", "torch", "python", "threads", "model", "input", "optimizer", "config", "flops", "memory",
-                "model_size", "wall_seconds"):
-        if key in header:
-            lines.append(f"- **{key}**: {header[key]}")
+    intro = ("Ours measured here; columns labelled **paper** are Pa3dFL's numbers "
+             f"({header.get('paper', PAPER_FILE)}). r = size ratio (share of the full model a client can hold; "
+             "width-reduction methods use width sqrt(r)).")
+    facts = [f"**{key}**: {fact(header[key])}" for key in ("device", "torch", "python", "threads", "model", "input",
+                                                      "optimizer", "config", "flops", "memory", "model_size",
+                                                      "wall_seconds") if key in header]
+    blocks = [bullets(facts, kind="facts"), heading(f"Table 2 layout (batch size {table2_batch})")]
     ratio_head = [h for r in ratios for h in (f"r={r} ours", f"r={r} paper")]
-    lines += ["", f"## Table 2 layout (batch size {table2_batch})", ""]
     if table2_batch in batch_sizes:
         for metric in METRICS:
-            lines += [f"### {METRIC_TITLES[metric]}", ""]
             body = [[n, paper_of[n], *[c for r in ratios for c in (
                 _cell(by, n, table2_batch, r, METRIC_KEYS[metric]), _cell(by, n, table2_batch, r, f"paper_{metric}"))]]
                 for n in names]
-            lines += _table(["method", "paper row", *ratio_head], body) + [""]
+            blocks += [heading(METRIC_TITLES[metric], 3), grid(["method", "paper row", *ratio_head], body, "table")]
         fedavg = by.get(("fedavg", table2_batch, "1"))
         if fedavg is not None:
-            lines += ["### Relative to full-width FedAvg (unit-free: FLOPs and peak memory / FedAvg's)", ""]
             body = []
             for n in names:
                 cells = []
@@ -758,30 +763,30 @@ def render_markdown(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
                 body.append([n, *cells])
             head = [h for r in ratios for h in (f"r={r} FLOPs ours", f"r={r} FLOPs paper", f"r={r} mem ours",
                                                  f"r={r} mem paper")]
-            lines += _table(["method", *head], body) + [""]
+            blocks += [heading("Relative to full-width FedAvg (unit-free: FLOPs and peak memory / FedAvg's)", 3),
+                       grid(["method", *head], body, "table")]
     else:
-        lines += [f"(batch size {table2_batch} was not measured)", ""]
-    lines += ["## Table 8 layout (FLOPs and peak memory by batch size)", ""]
+        blocks.append(paragraph(f"(batch size {table2_batch} was not measured)"))
+    blocks.append(heading("Table 8 layout (FLOPs and peak memory by batch size)"))
     for metric in ("flops", "peak_memory_mb"):
-        lines += [f"### {METRIC_TITLES[metric]}", ""]
         body = [[n, str(b), *[c for r in ratios for c in (_cell(by, n, b, r, METRIC_KEYS[metric]),
                                                           _cell(by, n, b, r, f"paper_{metric}"))]]
                 for n in names for b in batch_sizes]
-        lines += _table(["method", "B", *ratio_head], body) + [""]
+        blocks += [heading(METRIC_TITLES[metric], 3), grid(["method", "B", *ratio_head], body, "table")]
     if len(batch_sizes) > 1:
         low, high = min(batch_sizes), max(batch_sizes)
-        lines += [f"### Peak memory per extra sample (MB per sample, between B={low} and B={high})", "",
-                  "What the activations saved for backward cost per sample: independent of what a measurement counts "
-                  "as fixed (parameters, gradients, workspaces).", ""]
         body = [[n, *[c for r in ratios for c in memory_slopes(by, n, r, low, high)]] for n in names]
-        lines += _table(["method", *ratio_head], body) + [""]
+        blocks += [heading(f"Peak memory per extra sample (MB per sample, between B={low} and B={high})", 3),
+                   paragraph("What the activations saved for backward cost per sample: independent of what a "
+                             "measurement counts as fixed (parameters, gradients, workspaces)."),
+                   grid(["method", *ratio_head], body, "table")]
     extra = [r for r in rows if r.get("server_mb")]
     if extra:
-        lines += ["### Server-side state (not on the client)", ""]
         body = [[r["row"], r["size_ratio"], fmt(r["server_mb"])] for r in extra if r["batch_size"] == batch_sizes[0]]
-        lines += _table(["method", "r", "server MB"], body) + [""]
-    lines += ["## Notes", "", *[f"- {note}" for note in NOTES], ""]
-    return "\n".join(lines)
+        blocks += [heading("Server-side state (not on the client)", 3), grid(["method", "r", "server MB"], body,
+                                                                              "table")]
+    blocks += [heading("Notes"), bullets(notes, kind="notes")]
+    return Result("Pa3dFL Tables 2 and 8: training cost of the capacity-heterogeneous methods", [intro], blocks)
 
 
 NOTES = (
@@ -837,12 +842,33 @@ NOTES = (
 
 def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any], opts: Options) -> None:
     """``efficiency.md``, ``.csv`` and ``.json`` under ``out``, each written atomically."""
-    ratios = [ratio_label(r) for r in opts.size_ratios]
+    layout = {"size_ratios": [ratio_label(r) for r in opts.size_ratios], "batch_sizes": list(opts.batch_sizes),
+              "table2_batch_size": opts.table2_batch_size}
+    write_result(out, {"header": dict(header), "notes": list(NOTES), "rows": list(rows), "layout": layout})
+
+
+def write_result(out: Path, measured: Mapping[str, Any]) -> Result:
+    """``efficiency.md``, ``.csv`` and ``.json`` (``measured``: its header, notes, rows and layout, and the result)
+    under ``out``, each written atomically, from what was measured."""
+    rows, layout = measured["rows"], measured.get("layout") or {}
+    ratios = layout.get("size_ratios") or sorted(dict.fromkeys(r["size_ratio"] for r in rows), key=Fraction)
+    batch_sizes = layout.get("batch_sizes") or list(dict.fromkeys(int(r["batch_size"]) for r in rows))
+    result = efficiency_result(rows, measured["header"], ratios, batch_sizes,
+                               layout.get("table2_batch_size", TABLE2_BATCH_SIZE), measured["notes"])
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "efficiency.md",
-                      render_markdown(rows, header, ratios, list(opts.batch_sizes), opts.table2_batch_size))
+    atomic_write_text(out / "efficiency.md", to_markdown(result))
     atomic_write_text(out / "efficiency.csv", to_csv(rows))
-    atomic_write_json(out / "efficiency.json", {"header": dict(header), "notes": list(NOTES), "rows": list(rows)})
+    atomic_write_json(out / "efficiency.json", {**measured, "result": result.as_json()})
+    return result
+
+
+def rerender(out: Path) -> Result:
+    """Rewrite ``efficiency.md``, ``.csv`` and the result in ``efficiency.json`` from what that JSON holds (its
+    rows, header and notes as they were measured; nothing is measured)."""
+    path = out / "efficiency.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: measure first (python -m scripts.pa3dfl.efficiency)")
+    return write_result(out, {k: v for k, v in json.loads(path.read_text()).items() if k != "result"})
 
 
 def run(opts: Options, out: Path, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
@@ -884,6 +910,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the models and the batch (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--rerender", action="store_true",
+                   help="measure nothing: rewrite the Markdown, CSV and result of <out>/efficiency.json from its rows")
     return p
 
 
@@ -916,6 +944,14 @@ def options_from(args: argparse.Namespace) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.rerender:
+        try:
+            rerender(args.out)
+        except FileNotFoundError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out / 'efficiency.md'}, .csv, .json (from {args.out / 'efficiency.json'})")
+        return 0
     try:
         opts = options_from(args)
     except ValueError as err:

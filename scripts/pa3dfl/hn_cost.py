@@ -49,13 +49,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this tree's code, also in the measuring subprocess, not an installed checkout's
+if TYPE_CHECKING:
+    from bench.experiment.result import Result
 PAPER_CSV = ROOT / "conf" / "paper" / "pa3dfl" / "hn_cost.csv"
+PAPER_FILE = str(PAPER_CSV.relative_to(ROOT))
+#: the header's lines in the order a measurement writes them (the JSON stores its keys sorted)
+HEADER_KEYS = ("machine", "threads", "torch", "python", "load average at start", "command", "setup", "wall seconds")
+#: where the paper's numbers were when a table9.json that does not record ``paper`` was measured
+PAPER_FILE_BEFORE = "conf/paper/pa3dfl_hn_cost.csv"
 #: our config name -> (classes, input channels, image size, the paper's label)
 MODELS: dict[str, tuple[int, int, int, str]] = {
     "cnn_cifar100": (100, 3, 32, "CNN, CIFAR-100"),
@@ -259,28 +266,54 @@ def fmt(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if abs(value) < 100 else f"{value:.1f}"
 
 
-def render(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]) -> str:
-    lines = ["# Pa3dFL Table 9: hypernetwork cost per round", "",
-             "Ours measured here on the CPU; the columns labelled **paper** are Pa3dFL's Table 9 "
-             "(conf/paper/pa3dfl/hn_cost.csv), measured on a GPU, unit read as seconds. They are not comparable in "
-             "absolute terms: compare how each grows with the depth and with the model.", ""]
-    lines += [f"- **{k}**: {v}" for k, v in header.items()]
+def table9_result(rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any], notes: Sequence[str],
+                  paper: str = PAPER_FILE) -> Result:
+    """Table 9 as a result: per model and encoder depth our generation and update time per round beside the
+    paper's (``paper``: the file of its numbers), the hypernetwork's size and the peak memory."""
+    from bench.experiment.result import Result, bullets, grid, heading
+
+    intro = ("Ours measured here on the CPU; the columns labelled **paper** are Pa3dFL's Table 9 "
+             f"({paper}), measured on a GPU, unit read as seconds. They are not comparable in "
+             "absolute terms: compare how each grows with the depth and with the model.")
     head = ["model", "HN (embed, hidden, depth)", "generation s/round (ours, wall)", "update s/round (ours, wall)",
             "generation CPU s/round (ours)", "update CPU s/round (ours)", "generation s/round (paper)",
             "optimization s/round (paper)", "HN parameters", "HN MB (float32)", "peak RSS MB", "status"]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join([
-            f"{r['model']} ({r['paper_model']})", f"({r['embed_dim']}, {r['hidden_dim']}, {r['depth']})",
-            fmt(r.get("generation_s")), fmt(r.get("update_s")), fmt(r.get("generation_cpu_s")),
-            fmt(r.get("update_cpu_s")), fmt(r.get("paper_generation_s"), 2),
-            fmt(r.get("paper_optimization_s"), 2), fmt(r.get("hn_params")), fmt(r.get("hn_mb"), 1),
-            fmt(r.get("peak_rss_mb"), 0), r["status"]]) + " |")
-    lines += ["", "## Notes", "", *[f"- {n}" for n in NOTES], ""]
-    notes = [f"{r['model']} depth {r['depth']}: {r['note']}" for r in rows if r.get("note")]
-    if notes:
-        lines += [*[f"- {n}" for n in notes], ""]
-    return "\n".join(lines)
+    body = [[f"{r['model']} ({r['paper_model']})", f"({r['embed_dim']}, {r['hidden_dim']}, {r['depth']})",
+             fmt(r.get("generation_s")), fmt(r.get("update_s")), fmt(r.get("generation_cpu_s")),
+             fmt(r.get("update_cpu_s")), fmt(r.get("paper_generation_s"), 2),
+             fmt(r.get("paper_optimization_s"), 2), fmt(r.get("hn_params")), fmt(r.get("hn_mb"), 1),
+             fmt(r.get("peak_rss_mb"), 0), r["status"]] for r in rows]
+    keys = [k for k in HEADER_KEYS if k in header] + [k for k in header if k not in HEADER_KEYS]
+    blocks = [bullets([f"**{k}**: {header[k]}" for k in keys], kind="facts"), grid(head, body, "table"),
+              heading("Notes"), bullets(notes, kind="notes")]
+    skipped = [f"{r['model']} depth {r['depth']}: {r['note']}" for r in rows if r.get("note")]
+    if skipped:
+        blocks.append(bullets(skipped, kind="notes"))
+    return Result("Pa3dFL Table 9: hypernetwork cost per round", [intro], blocks)
+
+
+def write_result(out: Path, measured: Mapping[str, Any]) -> Result:
+    """``table9.md``, ``.csv`` and ``.json`` (``measured``: its header, notes and rows, the file of the paper's
+    numbers, and the result) under ``out``, each written atomically, from what was measured."""
+    from bench.experiment.result import to_markdown
+    from common.verified_io import atomic_write_json, atomic_write_text
+
+    result = table9_result(measured["rows"], measured["header"], measured["notes"],
+                           measured.get("paper", PAPER_FILE_BEFORE))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "table9.md", to_markdown(result))
+    atomic_write_text(out / "table9.csv", to_csv(measured["rows"]))
+    atomic_write_json(out / "table9.json", {**measured, "result": result.as_json()})
+    return result
+
+
+def rerender(out: Path) -> Result:
+    """Rewrite ``table9.md``, ``.csv`` and the result in ``table9.json`` from what that JSON holds (nothing is
+    measured)."""
+    path = out / "table9.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: measure first (python scripts/pa3dfl/hn_cost.py)")
+    return write_result(out, {k: v for k, v in json.loads(path.read_text()).items() if k != "result"})
 
 
 NOTES = (
@@ -317,7 +350,6 @@ def run_table(settings: Sequence[Setting], threads: int, out: Path, command: str
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every setting (one subprocess each, one after another) and write table9.{md,csv,json} to ``out``."""
     from bench.experiment.provenance import cpu_name
-    from common.verified_io import atomic_write_json, atomic_write_text
 
     load = os.getloadavg()
     started = time.perf_counter()
@@ -353,10 +385,7 @@ def run_table(settings: Sequence[Setting], threads: int, out: Path, command: str
                  "hypernetwork hn_lr 0.001, clip 50 (conf/method/pa3dfl.yaml)",
         "wall seconds": f"{time.perf_counter() - started:.0f}",
     }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "table9.md", render(rows, header))
-    atomic_write_text(out / "table9.csv", to_csv(rows))
-    atomic_write_json(out / "table9.json", {"header": header, "notes": list(NOTES), "rows": rows})
+    write_result(out, {"header": header, "notes": list(NOTES), "rows": rows, "paper": PAPER_FILE})
     return rows
 
 
@@ -375,12 +404,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--config", nargs="+", default=[], metavar="OVERRIDE", help="more Hydra overrides")
     p.add_argument("--out", type=Path, default=Path("results/pa3dfl"), help="output folder (default: %(default)s)")
+    p.add_argument("--rerender", action="store_true",
+                   help="measure nothing: rewrite the Markdown, CSV and result of <out>/table9.json from its rows")
     p.add_argument("--one", action="store_true", help="measure the single given setting here, print JSON (internal)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.rerender:
+        try:
+            rerender(args.out)
+        except FileNotFoundError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(args.out / "table9.md")
+        return 0
     repeats = dict.fromkeys(args.models, args.repeats)
     for item in args.repeats_for:
         model, _, count = item.partition("=")
