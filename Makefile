@@ -105,16 +105,16 @@ scale: setup
 # Cross-checks against independent implementations (conf/crosscheck.yaml; the external side:
 # scripts/crosscheck_external.py). Our runs go to a fresh temporary folder, so the current code is what runs.
 crosscheck: setup
-	$(PY) -m bench.crosscheck
+	$(PY) -m bench.experiment.crosscheck
 
 crosscheck-ci: setup
-	$(PY) -m bench.crosscheck --set ci
+	$(PY) -m bench.experiment.crosscheck --set ci
 
 clean-runs:
 	rm -rf runs cache results/demo/runs
 
 $(TABLES): setup
-	$(PY) -m bench.table conf/paper/$(firstword $(subst -, ,$@))/$(word 2,$(subst -, ,$@)).yaml \
+	$(PY) -m bench.experiment.table conf/paper/$(firstword $(subst -, ,$@))/$(word 2,$(subst -, ,$@)).yaml \
 	  --scale $(strip $(SCALE)) --launcher $(strip $(LAUNCHER)) $(if $(strip $(SEEDS)),--seeds $(SEEDS)) \
 	  $(if $(strip $(RERUN_STALE)),--rerun-stale) \
 	  -- $(if $(strip $(DATA_ROOT)),data_root=$(strip $(DATA_ROOT))) $(ARGS)
@@ -124,31 +124,31 @@ table2: fedcac-table2
 tables: $(filter-out $(SETUP_ONLY),$(TABLES))
 
 collect: setup
-	$(PY) -m bench.collect $(SPECS) --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.collect $(SPECS) --scale $(strip $(SCALE))
 
 plots: setup
-	$(PY) -m bench.plots --scale $(strip $(SCALE))
-	$(PY) scripts/fedcac_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/fedc2i_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/fedc2i_figures.py fig4 --skip-missing --scale $(strip $(SCALE)) $(if $(strip $(DATA_ROOT)),--data-root $(strip $(DATA_ROOT)))
-	$(PY) scripts/fedselect_figures.py all --scale $(strip $(SCALE))
-	$(PY) scripts/pa3dfl_figures.py all --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.plots --scale $(strip $(SCALE))
+	$(PY) scripts/fedcac/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedc2i/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/fedc2i/figures.py fig4 --skip-missing --scale $(strip $(SCALE)) $(if $(strip $(DATA_ROOT)),--data-root $(strip $(DATA_ROOT)))
+	$(PY) scripts/fedselect/figures.py all --scale $(strip $(SCALE))
+	$(PY) scripts/pa3dfl/figures.py all --scale $(strip $(SCALE))
 
 efficiency: setup
-	$(PY) -m bench.efficiency --out results/pa3dfl
+	$(PY) -m scripts.pa3dfl.efficiency --out results/pa3dfl
 
 report: setup
-	$(PY) -m bench.report --results results --out results/index.html
+	$(PY) -m bench.experiment.report --results results --out results/index.html
 
 report-screenshot: setup
-	$(PY) -m bench.report --results results --out results/index.html --screenshot
+	$(PY) -m bench.experiment.report --results results --out results/index.html --screenshot
 
 wandb-tables: setup
-	$(PY) -m bench.wandb_tables --results results --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.wandb_tables --results results --scale $(strip $(SCALE))
 
 # Pa3dFL Table 9: the hypernetwork's generation / update time per round and its memory (a measurement, no runs)
 pa3dfl-table9: setup
-	$(PY) scripts/pa3dfl_hn_cost.py --repeats 5 --repeats-for resnet18_gn=2
+	$(PY) scripts/pa3dfl/hn_cost.py --repeats 5 --repeats-for resnet18_gn=2
 
 # a paper table without a spec yet (its methods are not built): say so instead of "no rule"
 $(addsuffix -table%,$(PAPERS)):

@@ -1,6 +1,6 @@
 """The one place where an experiment is assembled: data -> worker -> federation -> method -> engine.
 
-``bench.run`` (every run, table and launcher), the benchmark, the figure scripts and the tests all build
+``bench.experiment.run`` (every run, table and launcher), the benchmark, the figure scripts and the tests all build
 through :func:`build_experiment`, so a change in how a run is put together happens once; the cost tables build
 through :func:`build_without_data` (the same worker, federation and method for an input shape, without data).
 

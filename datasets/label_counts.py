@@ -2,7 +2,7 @@
 
 The partitioners (:mod:`datasets.partition`) see only labels, and whether a partition can be built depends only on
 how many samples each class (and domain) has, not on their order or pixels. So where a data set's files are absent
-(CI, a laptop) ``python -m bench.table <spec> --dry-run`` builds every cell's partition from these counts
+(CI, a laptop) ``python -m bench.experiment.table <spec> --dry-run`` builds every cell's partition from these counts
 (:func:`label_info_from_counts`: each split's labels in class order) and so finds an impossible cell before any
 data is downloaded. Such a partition has other indices than the real data's; it is never cached or used to train.
 

@@ -85,7 +85,7 @@ def _read_bytes(path: str | Path) -> bytes:
     if not p.is_file():
         raise fail("path", str(path), f"the partition file {p} does not exist (relative paths are taken from "
                    f"the working directory {Path.cwd()}); give an existing .npz or .json file, e.g. one written "
-                   "by `python -m bench.partition export <run_dir>`")
+                   "by `python -m bench.experiment.partition export <run_dir>`")
     return p.read_bytes()
 
 

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from bench.builder import build_experiment  # noqa: E402
-from bench.compose import compose_config, to_container  # noqa: E402
+from bench.experiment.compose import compose_config, to_container  # noqa: E402
 
 COMMON = ["logger.wandb.mode=disabled", "quiet=true", "cache_dir=null", "participation=1.0", "eval.every=1000"]
 WORKLOADS: dict[str, list[str]] = {
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda"):
-        torch.backends.cudnn.deterministic = True  # as bench.run configures a CUDA run
+        torch.backends.cudnn.deterministic = True  # as bench.experiment.run configures a CUDA run
         torch.backends.cudnn.benchmark = False
     rows = []
     for clients in args.clients:

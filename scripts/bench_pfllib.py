@@ -8,7 +8,7 @@ client), PFLlib's 582k-parameter FedAvgCNN (ours: ``model=cnn_fedavg``), SGD lr 
 10 rounds of local training, every client every round, one thread, on the CPU. Each side runs as a whole process
 (start-up, data, training, evaluation, records), timed from outside; the sides alternate, ``--repeats`` times.
 
-Our split goes to PFLlib as its own data format: ``python -m bench.partition export`` writes the first run's
+Our split goes to PFLlib as its own data format: ``python -m bench.experiment.partition export`` writes the first run's
 partition (indices into the official splits), and this script writes each client's images and labels, as our pool
 holds them (float32 in [0, 1], 1 x 28 x 28), to ``<PFLlib>/dataset/FMNIST-pflrepro/{train,test}/<client>.npz``.
 PFLlib's ``main.py`` runs unchanged from ``<PFLlib>/system`` with ``torch.set_num_threads(1)`` set before it starts.
@@ -74,7 +74,7 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> dict[str, Any]:
 
 
 def run_ours(method: str, out_dir: Path, cache: Path, log: Path) -> tuple[dict[str, Any], Path]:
-    cmd = [sys.executable, "-m", "bench.run", *OURS, *METHODS[method][0], f"out_dir={out_dir}",
+    cmd = [sys.executable, "-m", "bench.experiment.run", *OURS, *METHODS[method][0], f"out_dir={out_dir}",
            f"cache_dir={cache}"]
     times = timed(cmd, ROOT, log)
     (run_dir,) = [p.parent for p in out_dir.rglob("summary.json")]
@@ -97,7 +97,7 @@ def export_split(run_dir: Path, pfllib: Path, work: Path) -> dict[str, int]:
     import numpy as np
 
     from bench.core.data import load_sources
-    from bench.partition import export, load_run_config
+    from bench.experiment.partition import export, load_run_config
 
     path = export(run_dir, work / "partition.json", "json")
     clients = json.loads(path.read_text())["clients"]
@@ -139,10 +139,11 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
              "include waiting for a core; CPU seconds do not)",
              f"- data: Fashion-MNIST, our Dirichlet split (alpha 0.1, data seed 0), {CLIENTS} clients, "
              f"{meta['split_sizes']['train']} training and {meta['split_sizes']['test']} test images in all "
-             "(500 and 100 per client), exported with `bench.partition export` and written in PFLlib's format",
+             "(500 and 100 per client), exported with `bench.experiment.partition export` and written in PFLlib's "
+             "format",
              f"- training: FedAvgCNN (582,026 parameters), SGD lr {LR}, batch {BATCH}, {EPOCHS} local epoch, "
              f"{ROUNDS} rounds of local training, every client every round, 1 thread (`OMP_NUM_THREADS=1`), CPU",
-             f"- ours: `python -m bench.run {' '.join(OURS)} <method>` (W&B offline, as by default)",
+             f"- ours: `python -m bench.experiment.run {' '.join(OURS)} <method>` (W&B offline, as by default)",
              f"- PFLlib: `python main.py {' '.join(THEIRS)} <method>` (`-gr {ROUNDS - 1}`: it trains R + 1 rounds, "
              f"evaluating before each, so its last evaluation follows {ROUNDS - 1} rounds of training)",
              f"- each side {meta['repeats']} times, alternating; whole process timed from outside", ""]

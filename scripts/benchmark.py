@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench.builder import build_experiment, build_worker
-from bench.compose import compose_config, to_container
 from bench.core.data import build_federated_data
-from bench.provenance import cpu_name
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.provenance import cpu_name
 from common.verified_io import atomic_write_json, atomic_write_text
 
 WORKLOADS = {

@@ -1,9 +1,9 @@
-"""The dry run's cost estimate (``bench.cost``) against measured runs on this machine's CPU.
+"""The dry run's cost estimate (``bench.experiment.cost``) against measured runs on this machine's CPU.
 
     python scripts/check_cost_estimate.py [--out results/bench/cost_estimate.md] [--work /tmp/cost_check]
 
-For each check below: the estimate exactly as ``python -m bench.table <spec> --dry-run`` computes it (client sizes
-from the partition, a calibration made now, just before the run, so that both see the same load on a shared
+For each check below: the estimate exactly as ``python -m bench.experiment.table <spec> --dry-run`` computes it (client
+sizes from the partition, a calibration made now, just before the run, so that both see the same load on a shared
 machine: on 2 cores shared by a dozen processes a core's CPU seconds stretch too), then the run itself in this
 process (a fresh run directory, one thread), timed in CPU seconds of this process (what the estimate predicts on
 a core of its own) and in wall-clock seconds; error = estimate / measured - 1. The measured time includes loading
@@ -43,11 +43,11 @@ CHECKS = [
 def main() -> None:
     import torch
 
-    from bench.compose import to_container
-    from bench.cost import base_rss, estimate_run
-    from bench.precheck import dry_build
-    from bench.run import execute
-    from bench.spec import Cell, cell_config, expand, load_spec
+    from bench.experiment.compose import to_container
+    from bench.experiment.cost import base_rss, estimate_run
+    from bench.experiment.precheck import dry_build
+    from bench.experiment.run import execute
+    from bench.experiment.spec import Cell, cell_config, expand, load_spec
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench" / "cost_estimate.md")
@@ -71,7 +71,7 @@ def main() -> None:
                        if c.row == row and c.column == column]
             cfg = cell_config(cell, spec, scale)
         else:
-            from bench.compose import compose_config
+            from bench.experiment.compose import compose_config
 
             spec, cell = None, Cell("run", "run", 0, tuple(overrides + extra))
             cfg = to_container(compose_config(cell.overrides))
@@ -86,7 +86,8 @@ def main() -> None:
         print(f"{label}: estimate {estimate.seconds:.1f} s, measured {cpu:.1f} CPU s / {wall:.1f} wall s "
               f"({estimate.seconds / measured - 1:+.0%})", flush=True)
     where = (f"{torch.cuda.get_device_name()} (wall-clock seconds are the comparison)" if on_gpu else
-             f"{os.uname().nodename}'s CPU ({__import__('bench.provenance', fromlist=['cpu_name']).cpu_name()}), "
+             f"{os.uname().nodename}'s CPU "
+                 f"({__import__('bench.experiment.provenance', fromlist=['cpu_name']).cpu_name()}), "
              f"1 thread; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (a shared "
              "machine: CPU seconds are the comparison, wall-clock seconds include waiting for a core)")
     lines = [f"# Cost estimate vs measured runs ({'GPU' if on_gpu else 'CPU, 1 thread'})", "",

@@ -4,7 +4,7 @@
         [--python /tmp/pflvenv/bin/python]
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
-runs see them into ``<checkout>/dataset/<name>/`` (``bench.partition.export_pfllib``), runs the external code
+runs see them into ``<checkout>/dataset/<name>/`` (``bench.experiment.partition.export_pfllib``), runs the external code
 unmodified through its own command line with the shared setting (rounds, clients, lr, batch size, local epochs,
 CPU, one repetition per seed; a method whose ``external`` says ``norm: bn`` runs through
 ``scripts/pfllib_bn_cnn.py``, which gives main.py a FedAvgCNN with BatchNorm), reads the per-round test accuracy
@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.compose import compose_config, to_container  # noqa: E402
-from bench.crosscheck import RESULTS, SPEC, load_spec, method_partitions, setting_overrides  # noqa: E402
-from bench.partition import export_pfllib  # noqa: E402
+from bench.experiment.compose import compose_config, to_container  # noqa: E402
+from bench.experiment.crosscheck import RESULTS, SPEC, load_spec, method_partitions, setting_overrides  # noqa: E402
+from bench.experiment.partition import export_pfllib  # noqa: E402
 
 BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
 

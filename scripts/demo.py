@@ -2,13 +2,14 @@
 
 ``conf/demo/demo.yaml`` names a table spec, a scale and the columns to run (FedCAC Table 1's first column at the mini
 scale: FedCAC against its six baselines on the real Fashion-MNIST). The cells are exactly those of
-``make <paper>-<table>``, run, collected and rendered through the same path (``bench.cells``, ``bench.collect``,
-``bench.render``), but every file goes under ``--out`` (default ``results/demo``), so no committed result changes:
+``make <paper>-<table>``, run, collected and rendered through the same path (``bench.experiment.cells``,
+``bench.experiment.collect``, ``bench.experiment.render``), but every file goes under ``--out`` (default
+``results/demo``), so no committed result changes:
 
 - ``<out>/<paper>/<table>.md`` (+ ``.csv``, ``.tex``, ``.stats.json``): ours (mean ± std over seeds) beside the
   paper's, the paired differences against the paper's method with their sign marks, Kendall's tau of the ordering;
 - ``<out>/<paper>/figures/curves/<table>_<column>.png`` (+ ``.pdf``): learning curves, mean ± std over seeds;
-- ``<out>/index.html``: the results page (``bench.report``) of all of it;
+- ``<out>/index.html``: the results page (``bench.experiment.report``) of all of it;
 - ``<out>/runs/``: the run records (finished runs are reused by a second ``make demo``).
 
 Usage: ``python scripts/demo.py [--out results/demo] [--config conf/demo/demo.yaml] [--seeds 0 1]
@@ -31,15 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # the code of this script's own tree, also when the venv's editable install points at another checkout
 sys.path.insert(0, str(ROOT))
 
-from bench.cells import run_cells  # noqa: E402
-from bench.collect import collect  # noqa: E402
-from bench.errors import config_phase, run_cli  # noqa: E402
-from bench.launch import load_launcher  # noqa: E402
-from bench.plots import spec_curves  # noqa: E402
-from bench.render import write_table  # noqa: E402
-from bench.report import build  # noqa: E402
-from bench.spec import expand, label, load_spec, scale_columns  # noqa: E402
-from bench.tuning import tune  # noqa: E402
+from bench.experiment.cells import run_cells  # noqa: E402
+from bench.experiment.collect import collect  # noqa: E402
+from bench.experiment.errors import config_phase, run_cli  # noqa: E402
+from bench.experiment.launch import load_launcher  # noqa: E402
+from bench.experiment.plots import spec_curves  # noqa: E402
+from bench.experiment.render import write_table  # noqa: E402
+from bench.experiment.report import build  # noqa: E402
+from bench.experiment.spec import expand, label, load_spec, scale_columns  # noqa: E402
+from bench.experiment.tuning import tune  # noqa: E402
 
 CONFIG = ROOT / "conf" / "demo" / "demo.yaml"
 CONFIG_KEYS = {"spec", "scale", "columns", "seeds"}
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = load_launcher(args.launcher)
         scale = config["scale"]  # type: ignore[index]
         seeds = args.seeds if args.seeds is not None else config.get("seeds")  # type: ignore[union-attr]
-    if spec.get("tuning"):  # rows searched on validation data first, as bench.table does
+    if spec.get("tuning"):  # rows searched on validation data first, as bench.experiment.table does
         spec = tune(spec, scale, launcher, str(out / "runs"), args.overrides, str(out))
     with config_phase():
         cells = expand(spec, scale, seeds, str(out / "runs"), args.overrides)

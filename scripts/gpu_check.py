@@ -89,12 +89,12 @@ def env(out: Path) -> None:
 
 
 def cuda_runs(out: Path) -> None:
-    """(a): every family's run for 2 rounds on ``DEVICE`` through ``bench.run.execute`` (validation, records,
+    """(a): every family's run for 2 rounds on ``DEVICE`` through ``bench.experiment.run.execute`` (validation, records,
     summary), one process; a failing method is recorded with its error and the next one runs."""
     import torch
 
-    from bench.compose import compose_config
-    from bench.run import execute
+    from bench.experiment.compose import compose_config
+    from bench.experiment.run import execute
 
     rows: list[dict[str, Any]] = []
     for name, family, overrides in FAMILIES:
@@ -127,7 +127,7 @@ def round_time(out: Path) -> None:
     from scripts.batched_clients import measure
 
     if DEVICE.startswith("cuda"):
-        torch.backends.cudnn.deterministic = True  # as bench.run configures a CUDA run
+        torch.backends.cudnn.deterministic = True  # as bench.experiment.run configures a CUDA run
         torch.backends.cudnn.benchmark = False
     workload, clients, rounds = ("tiny", 4, 1) if TINY else ("fedcac", 40, 3)
     def progress(row: dict[str, Any]) -> None:
@@ -140,15 +140,15 @@ def round_time(out: Path) -> None:
 
 
 def concurrency(out: Path) -> None:
-    """(c): N copies of one run (``python -m bench.run``, each its own process and run directory) started at once,
-    for N in ``CONCURRENCY``: the wall-clock until all finished, runs per hour, and each run's own time."""
+    """(c): N copies of one run (``python -m bench.experiment.run``, each its own process and run directory) started at
+    once, for N in ``CONCURRENCY``: the wall-clock until all finished, runs per hour, and each run's own time."""
     rows: list[dict[str, Any]] = []
     for n in CONCURRENCY:
         base = WORK / "concurrency" / f"n{n}"
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         start = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "bench.run", *CONCURRENT_RUN, f"device={DEVICE}",
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.experiment.run", *CONCURRENT_RUN, f"device={DEVICE}",
                                    "logger.wandb.mode=disabled", "quiet=true", "cache_dir=null", "eval.every=1000",
                                    f"run_dir={base / f'run{i}'}"], cwd=ROOT, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for i in range(n)]

@@ -1,11 +1,11 @@
 """Wall time of one small run alone and next to a busy process, with 1 and 2 torch threads.
 
-Why ``threads`` defaults to 1 (``bench/run.py`` ``run_threads``): on a 2-core machine that is also doing
+Why ``threads`` defaults to 1 (``bench/experiment/run.py`` ``run_threads``): on a 2-core machine that is also doing
 something else, a run with 2 torch threads has to wait for both of its threads to be scheduled at every
 parallel operation, while a 1-thread run just runs. This script measures it on the same run (the demo's
 FedAvg cell, shortened: 20 clients, 10 rounds, the small CNN on embedded digits) in four cases:
 alone / next to ``--busy`` pure-Python busy-loop processes (started before the run, running throughout,
-stopped after it) x ``threads`` 1 / 2. Each run is a fresh ``python -m bench.run`` process with its own
+stopped after it) x ``threads`` 1 / 2. Each run is a fresh ``python -m bench.experiment.run`` process with its own
 ``out_dir`` (nothing is reused). The cases are interleaved (alone/busy and 1/2 threads alternate, the order
 reversed in every other repeat) so that a drift of the machine's load hits all of them alike, and the load
 average is recorded before each case: other jobs may be using the machine too.
@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.provenance import cpu_name
+from bench.experiment.provenance import cpu_name
 from common.verified_io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,11 +78,12 @@ def uptime() -> str:
 
 
 def run_once(threads: int, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    """One ``python -m bench.run`` of the run with ``threads`` torch threads: wall and CPU seconds, and a digest
-    of its records (the same run must give the same records whatever the load)."""
+    """One ``python -m bench.experiment.run`` of the run with ``threads`` torch threads: wall and CPU seconds, and a
+    digest of its records (the same run must give the same records whatever the load)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bench.run", *RUN, *overrides, f"threads={threads}", f"out_dir={out_dir}"],
+    subprocess.run([sys.executable, "-m", "bench.experiment.run", *RUN, *overrides, f"threads={threads}",
+                    f"out_dir={out_dir}"],
                    cwd=ROOT, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -121,7 +122,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 def render(meta: dict[str, Any]) -> str:
     rows, cases = meta["summary"], meta["cases"]
     lines = ["# One small run alone and next to a busy process, 1 vs 2 torch threads", "",
-             f"The run: `python -m bench.run {' '.join(meta['run'])} threads=<1|2>` (a small FedAvg run on "
+             f"The run: `python -m bench.experiment.run {' '.join(meta['run'])} threads=<1|2>` (a small FedAvg run on "
              "the embedded digits), each time a fresh process and run directory. "
              f"\"busy\" = {meta['busy']} "
              "pure-Python busy-loop process(es) started 1 s before the run and stopped after it. run s = the "

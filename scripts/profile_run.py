@@ -88,8 +88,8 @@ def instrument(phases: Phases) -> None:
 
     import bench.builder as builder
     import bench.core.engine as engine
-    import bench.run as run
-    import bench.wandb_logger as wandb_logger
+    import bench.experiment.run as run
+    import bench.experiment.wandb_logger as wandb_logger
     from bench.core.records import RunDir
 
     phases.wrap(run, "validate", "config validation")
@@ -118,11 +118,11 @@ def child(args: argparse.Namespace) -> None:
 
     process["import torch"] = time.time() - start
     start = time.time()
-    import bench.run  # noqa: F401 - methods, Hydra, OmegaConf, the core
+    import bench.experiment.run  # noqa: F401 - methods, Hydra, OmegaConf, the core
     from bench.core.data import sharing_sources
-    from bench.run import execute
+    from bench.experiment.run import execute
 
-    process["import bench.run (methods, Hydra, core)"] = time.time() - start
+    process["import bench.experiment.run (methods, Hydra, core)"] = time.time() - start
     if args.wandb_setup:
         start = time.time()
         import wandb
@@ -183,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def profile(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     start = time.time()
-    from bench.compose import sharing_compositions
-    from bench.precheck import check_inputs
-    from bench.spec import cell_config, expand, load_spec
+    from bench.experiment.compose import sharing_compositions
+    from bench.experiment.precheck import check_inputs
+    from bench.experiment.spec import cell_config, expand, load_spec
 
     imports = time.time() - start
     spec = load_spec(SPEC)
@@ -197,7 +197,7 @@ def profile(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cfg = {**cell_config(cells[0], spec, "mini"), "threads": 1, "cache_dir": str(out / "cache")}
     compose = time.time() - start
     start = time.time()
-    with sharing_compositions():  # as bench.cells composes a table's cells
+    with sharing_compositions():  # as bench.experiment.cells composes a table's cells
         for cell in table:
             cell_config(cell, spec, "mini")
     compose_table = (time.time() - start) / len(table)
@@ -229,7 +229,8 @@ def profile(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         runs[kind] = {k: median([r[k] for r in chosen]) for k in ("total", *RUN_PHASES)}
     return {"cell": f"{args.row} | {args.column} | seed {args.seed}", "repeats": args.repeats, "warm": args.warm,
             "load_before": before, "load_after": load(), "table_process": {
-                "imports (bench.spec, precheck)": round(imports, 3), "config composition (Hydra), one cell alone":
+                "imports (bench.experiment.spec, precheck)": round(imports,
+                                                                   3), "config composition (Hydra), one cell alone":
                 round(compose, 3), "config composition, per cell of the whole table (sharing_compositions)":
                 round(compose_table, 4), "pre-launch check (data + partition, cached), per distinct partition":
                 round(precheck, 3)}, "process": process, "run": runs, "samples": samples}

@@ -83,8 +83,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from bench.builder import build_experiment
-    from bench.compose import compose_config, to_container
-    from bench.run import configure_torch, validate
+    from bench.experiment.compose import compose_config, to_container
+    from bench.experiment.run import configure_torch, validate
 
     cfg = to_container(compose_config(spec["overrides"]))
     validate(cfg)
@@ -196,7 +196,7 @@ def figure(results: list[dict[str, Any]], base: Path) -> None:
     import matplotlib.patches
     import matplotlib.pyplot as plt
 
-    from bench.plots import STYLE, save
+    from bench.experiment.plots import STYLE, save
 
     ok = [r for r in results if "error" not in r]
     with plt.rc_context(STYLE):
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_point(p) for p in points]
     import torch
 
-    from bench.provenance import cpu_name
+    from bench.experiment.provenance import cpu_name
     from common.verified_io import atomic_write_json, atomic_write_text
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

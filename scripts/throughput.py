@@ -3,7 +3,7 @@
     python scripts/throughput.py run --label after [--tree DIR] [--out /tmp/throughput] [-- launcher.max_concurrent=2]
     python scripts/throughput.py compare /tmp/throughput/runs_before /tmp/throughput/runs_after
 
-``run`` times ``python -m bench.table conf/paper/fedcac/table2.yaml --scale mini --launcher local`` run from
+``run`` times ``python -m bench.experiment.table conf/paper/fedcac/table2.yaml --scale mini --launcher local`` run from
 ``--tree`` (a copy of the project, e.g. with the launcher of another commit; default: this one) into fresh
 ``<out>/runs_<label>`` and ``<out>/results_<label>``, with the load averages before and after (the machine may be
 shared) and the CPU time of all its processes (user + system: less sensitive to the load than the wall-clock),
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = ["-m", "bench.table", "conf/paper/fedcac/table2.yaml", "--scale", "mini", "--launcher", "local"]
+TABLE = ["-m", "bench.experiment.table", "conf/paper/fedcac/table2.yaml", "--scale", "mini", "--launcher", "local"]
 
 
 def load() -> str:

@@ -1,9 +1,9 @@
 """Rerun a sample of finished runs with this tree's code and compare their records with the stored ones.
 
 After a change to the shared code (``common``, ``bench/core``, ``datasets``, ``bench/builder.py``,
-``bench/run.py``) every stored run is marked stale; this shows, on a sample, whether the change moved any number.
-Each sampled run is executed again from its own ``config.yaml`` into a temporary directory, and every record (minus
-wall-clock fields) and the summary's results must be equal bit for bit.
+``bench/experiment/run.py``) every stored run is marked stale; this shows, on a sample, whether the change moved any
+number. Each sampled run is executed again from its own ``config.yaml`` into a temporary directory, and every record
+(minus wall-clock fields) and the summary's results must be equal bit for bit.
 
 Usage: ``python scripts/verify_reruns.py runs/fedselect runs/fedc2i --per-method 1 [--out results/bench/reruns.md]``
 """
@@ -48,7 +48,7 @@ def sample_runs(roots: Sequence[Path], per_method: int, seed: int) -> list[Path]
 
 
 def verify(run: Path, scratch: Path) -> tuple[bool, str]:
-    from bench.run import execute
+    from bench.experiment.run import execute
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg.update(run_dir=str(scratch / run.name), quiet=True, threads=json.loads((run / "timing.json").read_text())
@@ -65,7 +65,7 @@ def verify(run: Path, scratch: Path) -> tuple[bool, str]:
 
 def kernels_hint(run: Path) -> str:
     """Why records can differ without a code change: another CPU instruction set (docs/design.md)."""
-    from bench.provenance import cpu_kernels
+    from bench.experiment.provenance import cpu_kernels
 
     stored = json.loads((run / "timing.json").read_text()) if (run / "timing.json").exists() else {}
     now = cpu_kernels()["cpu_capability"]

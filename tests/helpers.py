@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import methods
-from bench.compose import compose_config
 from bench.core.engine import Federation, Method, hyperparameters
 from bench.core.flat import FlatModel
+from bench.experiment.compose import compose_config
 
 FAST = ["dataset=synthetic", "model=small_cnn", "partition=pathological", "num_clients=4", "rounds=3",
         "train.epochs=1", "train.batch_size=10", "train.lr=0.1", "quiet=true", "cache_dir=null",
@@ -61,8 +61,8 @@ def method(name: str, fed: Federation, **hp: Any) -> Method:
 
 
 def drawn_figures(monkeypatch: Any, module: Any) -> dict[str, Any]:
-    """Figures that ``module`` saves through its ``save`` (``bench.plots.save``), by file name, still written:
-    a test reads what was drawn, not only that a file exists."""
+    """Figures that ``module`` saves through its ``save`` (``bench.experiment.plots.save``), by file name, still
+    written: a test reads what was drawn, not only that a file exists."""
     real, figures = module.save, {}
 
     def capture(fig: Any, path: Any) -> list[Path]:

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.builder import build_experiment
-from bench.compose import to_container
-from bench.spec import cell_config, expand, load_spec
+from bench.experiment.compose import to_container
+from bench.experiment.spec import cell_config, expand, load_spec
 from datasets.augment import (
     Compose,
     Normalize,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.run import execute
+from bench.experiment.run import execute
 from datasets.partition import PARTITIONERS, PartitionError, make_partition
 from tests.helpers import config
 from tests.test_partition import LABELS, N_TEST, N_TRAIN

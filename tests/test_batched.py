@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bench.builder import batched_methods, build_experiment
-from bench.compose import to_container
 from bench.core.data import FederatedData
-from bench.errors import ConfigError, config_phase
-from bench.run import config_hash, validate
+from bench.experiment.compose import to_container
+from bench.experiment.errors import ConfigError, config_phase
+from bench.experiment.run import config_hash, validate
 from tests.helpers import config
 
 #: every method that declares it trains its clients together (docs/design.md lists the same)

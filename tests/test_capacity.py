@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from bench.builder import build_experiment
-from bench.compose import to_container
 from bench.core.capacity import client_capacities, weakest_width, widths_for
-from bench.run import config_hash, execute, run_dir_for
-from bench.spec import expand, load_spec
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute, run_dir_for
+from bench.experiment.spec import expand, load_spec
 from tests.helpers import config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.builder import build_experiment
-from bench.compose import compose_config, to_container
 from bench.core.models import build_model
-from bench.run import execute
-from bench.spec import expand, load_spec
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.run import execute
+from bench.experiment.spec import expand, load_spec
 from methods._decomposed import Decomposed, channel_groups
 from methods.pfedhn import HyperNet, PFedHNHyper, hypergradient
 from methods.tailorfl import swap

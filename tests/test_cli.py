@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import execute, run_dir_for, to_container
+from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import load_verified
 from tests.helpers import cli_args, config, wandb_records
 
@@ -20,7 +20,7 @@ ENV = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
 
 
 def cli(tmp_path: Path, *overrides: str, multirun: bool = False) -> subprocess.Popen:
-    args = [sys.executable, "-m", "bench.run", *(["-m"] if multirun else []), *cli_args(tmp_path, overrides)]
+    args = [sys.executable, "-m", "bench.experiment.run", *(["-m"] if multirun else []), *cli_args(tmp_path, overrides)]
     return subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from bench.compose import to_container
 from bench.core.client_state import REF_KEY, ClientTables
-from bench.run import execute, run_dir_for, validate
+from bench.experiment.compose import to_container
+from bench.experiment.run import execute, run_dir_for, validate
 from common.verified_io import load_verified
 from tests.helpers import config
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from bench import provenance
-from bench.provenance import ROOT, code_identity, is_stale, run_sources
+from bench.experiment import provenance
+from bench.experiment.provenance import ROOT, code_identity, is_stale, run_sources
 from tests.test_provenance import tree  # noqa: F401  (the fixture: a committed copy of the code as the root)
 
 
@@ -14,11 +14,12 @@ def names(method: str) -> set[str]:
 
 def test_a_runs_sources_are_the_modules_it_imports_and_its_own_method_only():
     fedavg = names("fedavg")
-    assert {"bench/run.py", "bench/core/engine.py", "bench/core/aggregate.py", "datasets/partition.py",
+    assert {"bench/experiment/run.py", "bench/core/engine.py", "bench/core/aggregate.py", "datasets/partition.py",
             "methods/fedavg.py", "bench/core/__init__.py"} <= fedavg
     # not the registry (every method), another method, the dry run's label counts or the experiment layer
-    assert not {"methods/__init__.py", "methods/fedcac.py", "datasets/label_counts.py", "bench/validation.py",
-                "bench/identity.py", "bench/provenance.py"} & fedavg
+    assert not {"methods/__init__.py", "methods/fedcac.py", "datasets/label_counts.py",
+                "bench/experiment/validation.py",
+                "bench/experiment/identity.py", "bench/experiment/provenance.py"} & fedavg
     assert {"methods/fedselect.py", "methods/_masked.py"} <= names("fedselect_cvpr")  # through its imports
     assert all((ROOT / name).is_file() for name in fedavg)
 

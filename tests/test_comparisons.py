@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from bench.cells import run_cells
-from bench.collect import collect, eval_at, kendall_tau, paired_differences
-from bench.render import render, write_table
-from bench.spec import expand, load_spec, output_columns, paper_numbers, unmeasured_columns
+from bench.experiment.cells import run_cells
+from bench.experiment.collect import collect, eval_at, kendall_tau, paired_differences
+from bench.experiment.render import render, write_table
+from bench.experiment.spec import expand, load_spec, output_columns, paper_numbers, unmeasured_columns
 from tests.test_table import SPEC, spec_file
 
 PER_CLIENT = SPEC.replace(

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from bench.compose import to_container
-from bench.run import config_hash, execute, run_dir_for
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute, run_dir_for
 from tests.helpers import config
 
 #: a small run that learns: the small CNN on embedded digits, 6 clients, Dirichlet(0.5), 8 rounds of 2 epochs.

@@ -1,4 +1,5 @@
-"""Shared composition (bench.compose.sharing_compositions) gives exactly the configs and errors Hydra's own does."""
+"""Shared composition (bench.experiment.compose.sharing_compositions) gives exactly the configs and errors Hydra's
+own does."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import bench.compose as compose_module
-from bench.compose import compose_config, sharing_compositions
-from bench.spec import SCALES, expand, load_spec
+import bench.experiment.compose as compose_module
+from bench.experiment.compose import compose_config, sharing_compositions
+from bench.experiment.spec import SCALES, expand, load_spec
 
 PAPER_CONF = Path(__file__).resolve().parent.parent / "conf" / "paper"
 

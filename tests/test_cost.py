@@ -1,4 +1,5 @@
-"""The dry run's cost estimate (bench.cost): the work a config implies, the calibration cache, the printed lines."""
+"""The dry run's cost estimate (bench.experiment.cost): the work a config implies, the calibration cache, the printed
+lines."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import bench.cost as cost
-from bench.compose import compose_config, to_container
-from bench.cost import Calibration, Work, cached_calibration, estimate_run, eval_rounds, participants, work
-from bench.table import main as table_main
+import bench.experiment.cost as cost
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.cost import Calibration, Work, cached_calibration, estimate_run, eval_rounds, participants, work
+from bench.experiment.table import main as table_main
 
 SIZES = {"train": [100, 64, 33, 1], "val": [0, 0, 0, 0], "test": [10, 20, 30, 40]}
 

@@ -1,4 +1,4 @@
-"""Cross-checks (bench.crosscheck, conf/crosscheck.yaml, scripts/crosscheck_external.py).
+"""Cross-checks (bench.experiment.crosscheck, conf/crosscheck.yaml, scripts/crosscheck_external.py).
 
 The committed spec is well formed and every method in it has a reference; the summary statistics and the verdict
 follow their definitions; the PFLlib export holds exactly the clients' samples; and the check itself passes on an
@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from bench.compose import compose_config, to_container
-from bench.crosscheck import (
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.crosscheck import (
     RESULTS,
     Stats,
     curve_from_records,
@@ -29,7 +29,7 @@ from bench.crosscheck import (
     stats,
     verdict,
 )
-from bench.partition import export_pfllib, rebuild_partition
+from bench.experiment.partition import export_pfllib, rebuild_partition
 from datasets.sources import SOURCES
 
 ROOT = Path(__file__).resolve().parent.parent

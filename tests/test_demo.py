@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench.core.summary import pick
-from bench.render import markdown_table
-from bench.report import discover
+from bench.experiment.render import markdown_table
+from bench.experiment.report import discover
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -1,5 +1,5 @@
-"""Dry build (``bench.table --dry-run``): every paper cell's partition at every scale, from the data or the official
-label counts; the partitions that built before the short-class and ``test_pool`` changes are unchanged."""
+"""Dry build (``bench.experiment.table --dry-run``): every paper cell's partition at every scale, from the data or the
+official label counts; the partitions that built before the short-class and ``test_pool`` changes are unchanged."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from bench.cells import run_cells
-from bench.compose import sharing_compositions
 from bench.core.data import load_sources, sharing_sources, source_labels
-from bench.precheck import FROM_COUNTS, dry_build
-from bench.run import validate
-from bench.spec import SCALES, cell_config, expand, load_spec, scale_block
-from bench.table import main as table_main
+from bench.experiment.cells import run_cells
+from bench.experiment.compose import sharing_compositions
+from bench.experiment.precheck import FROM_COUNTS, dry_build
+from bench.experiment.run import validate
+from bench.experiment.spec import SCALES, cell_config, expand, load_spec, scale_block
+from bench.experiment.table import main as table_main
 from datasets.label_counts import LABEL_COUNTS, label_info_from_counts
 from datasets.partition import LabelInfo, Partition, PartitionError, make_partition
 

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from bench.builder import build_experiment
-from bench.compose import to_container
 from bench.core.records import RunDir
 from bench.core.summary import early_stop
-from bench.run import config_hash, execute, run_dir_for
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute, run_dir_for
 from tests.helpers import config
 from tests.test_widths import StopAfter, records
 

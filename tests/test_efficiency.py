@@ -1,5 +1,5 @@
-"""bench.efficiency: FLOPs against an analytic count, width scaling, the memory measurement, FLANC's factored form,
-the paper's numbers, the CLI's files and its refusals."""
+"""scripts.pa3dfl.efficiency: FLOPs against an analytic count, width scaling, the memory measurement, FLANC's factored
+form, the paper's numbers, the CLI's files and its refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench import efficiency as eff
 from methods._decomposed import Decomposed
+from scripts.pa3dfl import efficiency as eff
 
 CPU = torch.device("cpu")
 SHAPE = eff.InputShape(num_classes=10, in_channels=3, image_size=32)
@@ -158,6 +158,13 @@ def test_cli_writes_markdown_csv_and_json_with_the_paper_columns(tmp_path):
     data = json.loads((tmp_path / "efficiency.json").read_text())
     assert {"device", "torch", "threads", "model", "input", "flops", "memory"} <= set(data["header"])
     assert len(data["rows"]) == 6 and not list(tmp_path.glob(".*.tmp"))
+    assert data["result"]["title"].startswith("Pa3dFL Tables 2 and 8") and data["layout"]["batch_sizes"] == [2, 128]
+    written = {name: (tmp_path / name).read_bytes() for name in ("efficiency.md", "efficiency.csv", "efficiency.json")}
+    for name in ("efficiency.md", "efficiency.csv"):
+        (tmp_path / name).write_text("old")
+    assert eff.main(["--out", str(tmp_path), "--rerender"]) == 0  # from the JSON alone, measuring nothing
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    assert eff.main(["--out", str(tmp_path / "none"), "--rerender"]) == 2
 
 
 @pytest.mark.parametrize("args, bad", [
@@ -182,7 +189,7 @@ def test_a_bad_method_or_batch_size_is_refused_naming_it(tmp_path, capsys, args,
 @pytest.mark.parametrize("groups", [1, 4])
 def test_a_convolution_training_step_costs_three_forward_passes_grouped_or_not(groups):
     """Forward, input gradient and weight gradient cost the same (torch's own formula counts the weight gradient of
-    a grouped convolution ``groups`` times: bench.efficiency corrects it)."""
+    a grouped convolution ``groups`` times: scripts.pa3dfl.efficiency corrects it)."""
     conv = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, groups=groups, bias=False), nn.Flatten())
     x = torch.randn(2, 16, 5, 5, requires_grad=True)
     forward = eff.count_flops(conv, x)

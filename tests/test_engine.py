@@ -13,7 +13,7 @@ from torch import nn
 from bench.builder import build_experiment, build_worker
 from bench.core.data import FederatedData
 from bench.core.records import RunDir
-from bench.run import execute, run_dir_for, to_container
+from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import load_verified
 from datasets.augment import build_transform
 from datasets.sources import load_source

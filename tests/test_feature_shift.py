@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from bench.compose import compose_config, to_container
 from bench.core.data import load_sources, partition_sources
+from bench.experiment.compose import compose_config, to_container
 from datasets import standin_digits, standin_office
 from datasets.augment import build_transform
 from datasets.feature_shift import DIGIT5_FOLDERS, OFFICE_CLASSES, OFFICE_SITES

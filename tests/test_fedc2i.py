@@ -15,7 +15,7 @@ import methods
 from bench.core.data import FederatedData
 from bench.core.engine import ClientRound, hyperparameters
 from bench.core.models import SplitModel, build_model
-from bench.run import execute
+from bench.experiment.run import execute
 from methods.fedc2i import class_losses, influence, leave_one_out
 from methods.fedproto import average_prototypes, nearest_prototype_logits, proto_penalty
 from methods.fedrod import balanced_softmax_loss

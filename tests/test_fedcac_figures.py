@@ -12,14 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.run import execute, run_dir_for, to_container
+from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import read_jsonl
+from scripts.fedcac import figures as fedcac_figures
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "fedcac_figures.py"
-sys.path.insert(0, str(ROOT / "scripts"))
-import fedcac_figures  # noqa: E402
+SCRIPT = ROOT / "scripts" / "fedcac" / "figures.py"
 
 
 @pytest.fixture

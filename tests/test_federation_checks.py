@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from bench.builder import build_experiment, check_clients_nonempty
-from bench.compose import compose_config
 from bench.core.data import build_federated_data
-from bench.run import execute, partition_report, to_container
+from bench.experiment.compose import compose_config
+from bench.experiment.run import execute, partition_report, to_container
 from datasets.partition import LabelInfo, PartitionError, make_partition
 from datasets.partition_cache import cached_partition
 from datasets.partition_report import MAX_DRAWN_CLIENTS, class_counts, partition_label, render_partition_report
@@ -129,7 +129,7 @@ def test_a_large_federation_gets_a_summary_figure_quickly():
 
 
 def test_a_tables_pre_launch_check_refuses_a_partition_leaving_a_client_empty(tmp_path: Path):
-    from bench.precheck import _data_problem
+    from bench.experiment.precheck import _data_problem
 
     empty = ["partition=dirichlet_hsu", "partition.min_size=0", "partition.alpha=0.05", "num_clients=200"]
     cfg = to_container(config(tmp_path, f"cache_dir={tmp_path / 'cache'}", *empty))

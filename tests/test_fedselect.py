@@ -18,7 +18,7 @@ from bench.core.engine import ClientRound, Federation, hyperparameters
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.core.pretrained import load_pretrained_source, resolve_pretrained, torch_home
-from bench.run import execute, to_container
+from bench.experiment.run import execute, to_container
 from datasets.augment import build_transform
 from datasets.sources import load_source
 from methods._masked import select_top, top_count

@@ -1,5 +1,5 @@
-"""A run's identity (``bench.identity``): every config key classified, every committed run keeping its hash and
-directory, and a new key unable to move an existing run."""
+"""A run's identity (``bench.experiment.identity``): every config key classified, every committed run keeping its hash
+and directory, and a new key unable to move an existing run."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import identity
-from bench.identity import UnclassifiedKey, config_hash, run_dir_for, semantic_config, unlisted_group_keys
+from bench.experiment import identity
+from bench.experiment.identity import UnclassifiedKey, config_hash, run_dir_for, semantic_config, unlisted_group_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,15 +118,15 @@ def test_non_semantic_keys_and_open_sections(runs):
 
 
 def test_identity_needs_neither_torch_nor_the_methods():
-    code = ("import sys, bench.identity; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, bench.experiment.identity; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'methods', 'hydra', 'omegaconf')); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_a_run_config_with_an_unclassified_key_is_a_configuration_error(monkeypatch, tmp_path):
-    from bench.compose import to_container
-    from bench.errors import ConfigError, config_phase
-    from bench.run import validate
+    from bench.experiment.compose import to_container
+    from bench.experiment.errors import ConfigError, config_phase
+    from bench.experiment.run import validate
     from tests.helpers import config
 
     cfg = to_container(config(tmp_path, "rounds=1"))

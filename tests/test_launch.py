@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import collect as collect_cli
-from bench import plots
-from bench.cells import run_cells
-from bench.collect import collect as collect_table
-from bench.launch import load_launcher
-from bench.spec import cell_config, expand, load_spec
+from bench.experiment import collect as collect_cli
+from bench.experiment import plots
+from bench.experiment.cells import run_cells
+from bench.experiment.collect import collect as collect_table
+from bench.experiment.launch import load_launcher
+from bench.experiment.spec import cell_config, expand, load_spec
 from tests.test_table import SPEC, spec_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_local_processes_give_the_records_of_an_inline_run(tmp_path):
 def test_a_direct_run_uses_one_thread_unless_told_otherwise(tmp_path, monkeypatch):
     import torch
 
-    from bench.run import execute, run_dir_for, run_threads, to_container
+    from bench.experiment.run import execute, run_dir_for, run_threads, to_container
     from tests.helpers import config
 
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
@@ -116,7 +116,7 @@ def test_cells_carry_their_wandb_group_job_type_and_tags(tmp_path):
 
 
 def test_long_cell_names_fit_wandbs_limits_and_stay_distinct():
-    from bench.wandb_logger import WANDB_LIMITS, wandb_safe
+    from bench.experiment.wandb_logger import WANDB_LIMITS, wandb_safe
 
     long = "cell:CIFAR-10_s_2--FedSelect-CVPR_e_1_our_reading_of_FedSelectv2_e_1"  # 68 characters: W&B refuses it
     other = long.replace("e_1", "e_3")
@@ -183,7 +183,8 @@ def test_make_targets_exist_for_every_spec_and_pass_the_options():
                           "ARGS=device=cuda launcher.gpus_per_node=1"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     command = " ".join(out.replace("\\\n", " ").split())
-    assert "-m bench.table conf/paper/fedcac/table2.yaml --scale paper --launcher slurm --seeds 0 1" in command
+    assert ("-m bench.experiment.table conf/paper/fedcac/table2.yaml --scale paper --launcher slurm --seeds 0 1"
+            in command)
     assert "data_root=/data device=cuda launcher.gpus_per_node=1" in command
     specs = sorted(ROOT.glob("conf/paper/*/table*.yaml")) + sorted(ROOT.glob("conf/paper/*/fig*.yaml"))
     help_text = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -194,7 +195,7 @@ def test_make_targets_exist_for_every_spec_and_pass_the_options():
 
 
 def test_table_cli_rejects_a_bad_launcher_setting_before_any_run(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.table", str(spec_file(tmp_path)), "--out-dir",
+    proc = subprocess.run([sys.executable, "-m", "bench.experiment.table", str(spec_file(tmp_path)), "--out-dir",
                            str(tmp_path / "runs"), "--", "launcher.max_concurent=2"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode != 0 and "launcher.max_concurent is not a setting" in proc.stderr
@@ -203,10 +204,10 @@ def test_table_cli_rejects_a_bad_launcher_setting_before_any_run(tmp_path):
 
 
 def test_hydra_capped_local_launcher_runs_in_waves_with_the_records_of_direct_runs(tmp_path):
-    from bench.run import execute, run_dir_for, to_container
+    from bench.experiment.run import execute, run_dir_for, to_container
     from tests.helpers import cli_args, config
 
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "-m", "hydra/launcher=capped_local",
+    proc = subprocess.run([sys.executable, "-m", "bench.experiment.run", "-m", "hydra/launcher=capped_local",
                            "hydra.launcher.max_concurrent=1", *cli_args(tmp_path / "hydra", ["rounds=2"]), "seed=0,1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,7 +229,7 @@ def test_killing_a_table_midway_keeps_finished_cells_and_a_rerun_completes_it(tm
     import time
 
     spec_path = spec_file(tmp_path, SPEC.replace("rounds=2", "rounds=6"))
-    args = [sys.executable, "-m", "bench.table", str(spec_path), "--scale", "paper", "--launcher", "inline",
+    args = [sys.executable, "-m", "bench.experiment.table", str(spec_path), "--scale", "paper", "--launcher", "inline",
             "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

@@ -17,8 +17,8 @@ import pytest
 
 from bench.core.engine import METHODS, ClientRound
 from bench.core.flat import FlatModel
-from bench.launch import RunBatch, launch, load_launcher, run_pool, with_threads
-from bench.run import run_dir_for, to_container
+from bench.experiment.launch import RunBatch, launch, load_launcher, run_pool, with_threads
+from bench.experiment.run import run_dir_for, to_container
 from methods.fedavg import FedAvg
 from tests.helpers import config
 from tests.test_table import SPEC, spec_file
@@ -182,7 +182,8 @@ def test_bad_pool_settings_are_named():
 
 def test_sigterm_cancels_a_local_table_its_workers_end_and_finished_runs_stay(tmp_path):
     spec = SPEC.replace("rounds=1]", "rounds=60]").replace("seeds: [0]", "seeds: [0, 1]")
-    args = [sys.executable, "-m", "bench.table", str(spec_file(tmp_path, spec)), "--scale", "mini", "--launcher",
+    args = [sys.executable, "-m", "bench.experiment.table", str(spec_file(tmp_path, spec)), "--scale", "mini",
+            "--launcher",
             "local", "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--",
             "launcher.max_concurrent=2"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

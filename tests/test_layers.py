@@ -146,7 +146,7 @@ def test_the_method_registry_imports_no_method_and_loads_one_by_name():
 
     code = ("import sys, methods; from bench.builder import method_class; from tests.helpers import config; "
             "before = sorted(m for m in sys.modules if m.startswith('methods.')); "
-            "from bench.compose import to_container; import tempfile, pathlib; "
+            "from bench.experiment.compose import to_container; import tempfile, pathlib; "
             "method_class(to_container(config(pathlib.Path(tempfile.mkdtemp()), 'method=fedprox'))); "
             "print(before, sorted(m for m in sys.modules if m.startswith('methods.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -191,14 +191,15 @@ def test_a_computed_import_outside_the_plugin_loader_is_reported(tmp_path: Path)
 
 def test_the_code_hash_covers_every_module_of_the_computing_layers_that_a_run_executes(tmp_path: Path):
     """What a run executes from the layers up to the assembly (common, datasets, the core, its method's modules, the
-    builder) is in its code hash (``bench.provenance``), so moving a module between packages cannot take it out."""
+    builder) is in its code hash (``bench.experiment.provenance``), so moving a module between packages cannot take it
+    out."""
     import json
     import subprocess
     import sys
 
-    from bench.provenance import SHARED_PATHS, _sources, method_sources
+    from bench.experiment.provenance import SHARED_PATHS, _sources, method_sources
 
-    code = ("import json, pathlib, sys; from bench.run import execute; from tests.helpers import config; "
+    code = ("import json, pathlib, sys; from bench.experiment.run import execute; from tests.helpers import config; "
             f"execute(config(pathlib.Path({str(tmp_path)!r}), 'method=fedrep', 'rounds=1')); "
             "print(json.dumps([getattr(m, '__file__', None) for m in list(sys.modules.values())]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -1,5 +1,5 @@
-"""A table's manifest (``bench.manifest``): written by a table run, read by collect and the plots instead of composing
-each cell's config, and ignored for a cell whose overrides changed."""
+"""A table's manifest (``bench.experiment.manifest``): written by a table run, read by collect and the plots instead of
+composing each cell's config, and ignored for a cell whose overrides changed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import manifest
-from bench.manifest import cell_dirs, manifest_path, write_manifest
-from bench.spec import Cell
+from bench.experiment import manifest
+from bench.experiment.manifest import cell_dirs, manifest_path, write_manifest
+from bench.experiment.spec import Cell
 
 SPEC = {"paper": "fedcac", "table": "1", "rows": [{"name": "FedAvg"}, {"name": "Local"}], "columns": [{"name": "A"}]}
 
@@ -77,8 +77,8 @@ def test_a_manifest_of_another_identity_version_is_not_read(tmp_path, composed, 
 
 
 def test_a_table_run_writes_the_manifest_that_collect_reads(tmp_path, monkeypatch):
-    from bench.collect import main as collect_main
-    from bench.table import main as table_main
+    from bench.experiment.collect import main as collect_main
+    from bench.experiment.table import main as table_main
     from tests.test_table import spec_file
 
     spec_path = spec_file(tmp_path)
@@ -103,6 +103,6 @@ def test_reading_a_manifest_needs_neither_torch_nor_the_methods():
     import subprocess
     import sys
 
-    code = ("import sys, bench.manifest; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+    code = ("import sys, bench.experiment.manifest; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'methods')); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, check=True)

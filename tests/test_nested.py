@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.builder import Experiment, build_experiment, method_class
-from bench.compose import to_container
 from bench.core.engine import ClientRound
 from bench.core.models import MODELS, NORM_TYPES, build_model
-from bench.run import execute, run_dir_for
+from bench.experiment.compose import to_container
+from bench.experiment.run import execute, run_dir_for
 from common.seeding import generator
 from methods._nested import Scaler, recollect_bn
 from methods.fjord import nested_views

@@ -16,10 +16,10 @@ import torch
 import yaml
 from torch import nn
 
-from bench.compose import to_container
 from bench.core.engine import ClientRound, Federation, Method
 from bench.core.flat import FlatModel
-from bench.run import config_hash, execute, run_dir_for, validate
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute, run_dir_for, validate
 from tests.helpers import TRAIN, config
 from tests.test_fedselect import tiny_data
 

@@ -16,10 +16,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.builder import build_experiment
-from bench.compose import to_container
 from bench.core.engine import evaluate
 from bench.core.models import MODELS, build_model
-from bench.run import config_hash, execute
+from bench.experiment.compose import to_container
+from bench.experiment.run import config_hash, execute
 from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
 from tests.helpers import config
@@ -89,7 +89,7 @@ TABLE_MODELS = {"resnet18_gn": ("resnet18", 10, {"norm": "gn", "gn_groups": 2}),
 
 
 def test_table_models_are_the_ones_the_pa3dfl_specs_use():
-    from bench.spec import load_spec
+    from bench.experiment.spec import load_spec
     specs = [load_spec(ROOT / "conf" / "paper" / "pa3dfl" / f"table{t}.yaml") for t in (1, 3)]
     used = {c["model"] for s in specs for c in s["columns"]} | {s["scales"]["mini"]["model"] for s in specs}
     assert used == set(TABLE_MODELS)
@@ -178,7 +178,7 @@ def test_ideal_pa3dfl_trains_resnet18_at_about_fedavgs_parameters_and_flops():
     # times the convolution, 4x in layer4 at 32x32 (1x1 maps): one training step of Table 2's ResNet-18-GN at batch 128
     # was 54.97 GFLOPs against FedAvg's 27.81 (1.98x); the cheaper order per layer gives 30.08 (1.08x), 12.41 M
     # parameters against 11.18 M (1.11x)
-    from bench.efficiency import count_flops
+    from scripts.pa3dfl.efficiency import count_flops
 
     plain_model = build_model("resnet18", num_classes=10, in_channels=3, image_size=32, norm="gn", gn_groups=2)
     torch.manual_seed(0)

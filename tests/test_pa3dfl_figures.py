@@ -1,11 +1,10 @@
-"""Pa3dFL Figures 2 and 3 (scripts/pa3dfl_figures.py) from a fake run tree of Table 1 written with the project's own
+"""Pa3dFL Figures 2 and 3 (scripts/pa3dfl/figures.py) from a fake run tree of Table 1 written with the project's own
 record writer: the capacity quintiles, the per-cluster means at the protocol's round (post, best_val, unweighted)
 checked by hand, the learning curves, and the files."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
@@ -17,16 +16,13 @@ import pytest
 
 from bench.core.records import RunDir
 from bench.core.summary import eval_record, summarize
-from bench.run import run_dir_for
-from bench.spec import cell_config, expand, load_spec
+from bench.experiment.run import run_dir_for
+from bench.experiment.spec import cell_config, expand, load_spec
 from common.verified_io import atomic_write_json, atomic_write_text
+from scripts.pa3dfl import figures as figs
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "pa3dfl_figures.py"
-spec_ = importlib.util.spec_from_file_location("pa3dfl_figures", SCRIPT)
-figs = importlib.util.module_from_spec(spec_)
-sys.modules[spec_.name] = figs
-spec_.loader.exec_module(figs)
+SCRIPT = ROOT / "scripts" / "pa3dfl" / "figures.py"
 
 COLUMN = "FashionMNIST Hetero"
 #: r_i of clients 0..9; sorted: 1 (0.05), 5, 7, 3, 9, 2, 8, 4, 0, 6 (0.95) -> quintiles {1,5} {7,3} {9,2} {8,4} {0,6}

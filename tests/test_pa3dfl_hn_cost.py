@@ -1,23 +1,19 @@
-"""Pa3dFL Table 9 (scripts/pa3dfl_hn_cost.py): a tiny configuration measures positive times and the hypernetwork's
+"""Pa3dFL Table 9 (scripts/pa3dfl/hn_cost.py): a tiny configuration measures positive times and the hypernetwork's
 parameter count equals the one counted by hand from its layer sizes; the table files carry the paper's numbers in
 their own columns."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from scripts.pa3dfl import hn_cost as cost
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("pa3dfl_hn_cost", ROOT / "scripts" / "pa3dfl_hn_cost.py")
-cost = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = cost  # dataclasses look their module up
-_spec.loader.exec_module(cost)
 
 #: small_cnn with conv 16 and 32 channels, FC 32, on 1 x 16 x 16 inputs, 10 classes
 TINY = ("model.options.channels=[16,32]", "model.options.hidden=32")
@@ -87,7 +83,12 @@ def test_the_paper_numbers_are_read_and_printed_in_their_own_columns(tmp_path, m
     md = (tmp_path / "table9.md").read_text()
     assert "| optimization s/round (paper) |" in md and "| 0.03 |" in md and "GPU" in md
     assert "| update s/round (ours, wall) |" in md and "| update CPU s/round (ours) |" in md
-    assert "skipped" in md and "python x" in md
+    assert "skipped" in md and "python x" in md and "conf/paper/pa3dfl/hn_cost.csv" in md
+    written = {name: (tmp_path / name).read_bytes() for name in ("table9.md", "table9.csv", "table9.json")}
+    (tmp_path / "table9.md").write_text("old")
+    assert cost.main(["--out", str(tmp_path), "--rerender"]) == 0  # from the JSON alone, measuring nothing
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+    assert cost.main(["--out", str(tmp_path / "none"), "--rerender"]) == 2
 
 
 def test_command_line_writes_table9(tmp_path):
@@ -103,6 +104,6 @@ def test_command_line_writes_table9(tmp_path):
     assert rows[0]["paper_generation_s"] == ""  # the paper has no small_cnn row
     data = json.loads((tmp_path / "table9.json").read_text())
     assert {"machine", "threads", "torch", "load average at start", "command"} <= set(data["header"])
-    assert data["header"]["command"].startswith("python scripts/pa3dfl_hn_cost.py --models small_cnn")
+    assert data["header"]["command"].startswith("python scripts/pa3dfl/hn_cost.py --models small_cnn")
     md = (tmp_path / "table9.md").read_text()
     assert "load average at start" in md and "| small_cnn ((tests only)) | (3, 5, 1) |" in md

@@ -11,16 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.run import execute, run_dir_for, to_container
-from bench.spec import cell_config, expand, experiment, load_spec
+from bench.experiment.run import execute, run_dir_for, to_container
+from bench.experiment.spec import cell_config, expand, experiment, load_spec
 from common.verified_io import read_jsonl
 from datasets.sources import ImageData
+from scripts.fedc2i import figures as fedc2i_figures
+from scripts.fedselect import figures as fedselect_figures
 from tests.helpers import config, drawn_figures, plotted
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import fedc2i_figures  # noqa: E402
-import fedselect_figures  # noqa: E402
 
 
 def run(tmp_path: Path, *overrides: str) -> Path:
@@ -139,8 +138,8 @@ def test_fig2_spec_shares_table1s_fedselect_cells_and_adds_the_fixed_reading():
 
 
 def test_figure_commands_skip_what_has_no_runs_yet(tmp_path):
-    for script in ("fedc2i_figures.py", "fedselect_figures.py"):
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "all"], cwd=tmp_path,
+    for paper in ("fedc2i", "fedselect"):
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / paper / "figures.py"), "all"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300,
                               env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr

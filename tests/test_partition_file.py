@@ -1,4 +1,5 @@
-"""Partitions in and out: ``partition=from_file`` and ``python -m bench.partition export`` (docs/partition_format.md).
+"""Partitions in and out: ``partition=from_file`` and ``python -m bench.experiment.partition export``
+(docs/partition_format.md).
 
 A run's partition exported and fed back is the same partition; JSON and NPZ read the same; the file's hash
 is part of the partition's identity; every bad file fails naming the file, the problem and the fix.
@@ -17,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.compose import compose_config, to_container
-from bench.partition import export, load_run_config, rebuild_partition
-from bench.run import run_dir_for, validate
+from bench.experiment.compose import compose_config, to_container
+from bench.experiment.partition import export, load_run_config, rebuild_partition
+from bench.experiment.run import run_dir_for, validate
 from datasets.partition import LabelInfo, Partition, PartitionError, make_partition
 from datasets.partition_cache import cached_partition
 from datasets.partition_file import (
@@ -73,13 +74,13 @@ def doc(clients: list[dict], **top) -> dict:
 # ------------------------------------------------------------------------------------ round trip
 @pytest.mark.slow
 def test_exported_run_partition_fed_back_gives_the_same_partition(tmp_path):
-    cli("bench.run", *TINY, "partition=pathological", f"out_dir={tmp_path / 'a'}")
+    cli("bench.experiment.run", *TINY, "partition=pathological", f"out_dir={tmp_path / 'a'}")
     run_a = only_run(tmp_path / "a")
-    assert "wrote" in cli("bench.partition", "export", str(run_a))
+    assert "wrote" in cli("bench.experiment.partition", "export", str(run_a))
     exported = run_a / "partition" / "partition.npz"
     assert exported.is_file()
 
-    cli("bench.run", *TINY, "partition=from_file", f"partition.path={exported}", f"out_dir={tmp_path / 'b'}")
+    cli("bench.experiment.run", *TINY, "partition=from_file", f"partition.path={exported}", f"out_dir={tmp_path / 'b'}")
     run_b = only_run(tmp_path / "b")
     conf_b = load_run_config(run_b)
     assert conf_b["partition"]["scheme"] == "from_file"
@@ -95,7 +96,7 @@ def test_exported_run_partition_fed_back_gives_the_same_partition(tmp_path):
         (run_b / "partition" / "class_counts.csv").read_bytes()
 
     # and run b exports the file run a exported (as JSON this time)
-    cli("bench.partition", "export", str(run_b), "--format", "json", "--out", str(tmp_path / "b.json"))
+    cli("bench.experiment.partition", "export", str(run_b), "--format", "json", "--out", str(tmp_path / "b.json"))
     a_file, b_file = read_partition_file(exported), read_partition_file(tmp_path / "b.json")
     assert [c.as_sets() for c in a_file.clients] == [c.as_sets() for c in b_file.clients]
     assert a_file.dataset == b_file.dataset == "synthetic"

@@ -15,7 +15,7 @@ from bench.builder import build_experiment
 from bench.core.engine import ClientRound, Federation, hyperparameters
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
-from bench.run import execute, to_container
+from bench.experiment.run import execute, to_container
 from methods.perfedmask import body_blocks, client_budgets, masking_vectors, objective
 from tests.helpers import config
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from bench.core.engine import ClientRound
 from bench.core.models import build_model
-from bench.run import config_hash, execute
+from bench.experiment.run import config_hash, execute
 from methods.fedamp import attention_weights
 from methods.fedcac import FedCACHyper, collaborators, critical_mask, overlaps
 from tests.helpers import config, federation, method

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "plugin"
-#: the command of docs/plugins.md, after ``python -m bench.run``
+#: the command of docs/plugins.md, after ``python -m bench.experiment.run``
 DOCUMENTED = ("--config-dir", "conf", "imports=[my_plugin]", "method=my_fedavgm", "dataset=my_stripes",
               "model=my_mlp", "partition=my_groups", "num_clients=4", "rounds=2")
 #: the same with the search path given as a Hydra override (as table specs give it)
@@ -44,7 +44,7 @@ def run(folder: Path, module: str, *args: str) -> subprocess.CompletedProcess[st
 
 def test_the_documented_command_runs_the_plugin_end_to_end(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    proc = run(folder, "bench.run", *DOCUMENTED, *QUIET, f"out_dir={out}")
+    proc = run(folder, "bench.experiment.run", *DOCUMENTED, *QUIET, f"out_dir={out}")
     assert proc.returncode == 0, proc.stderr
     (summary_file,) = out.rglob("summary.json")
     run_dir = summary_file.parent
@@ -72,7 +72,7 @@ def test_the_documented_command_runs_the_plugin_end_to_end(folder: Path, tmp_pat
 
 
 def test_the_documented_table_spec_validates_every_cell(folder: Path, tmp_path: Path) -> None:
-    proc = run(folder, "bench.table", "my_table.yaml", "--scale", "paper", "--dry-run", "--out-dir",
+    proc = run(folder, "bench.experiment.table", "my_table.yaml", "--scale", "paper", "--dry-run", "--out-dir",
                str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     assert "4 cells, 0 finished, 4 to run" in proc.stdout
@@ -88,7 +88,7 @@ def test_a_misspelt_plugin_name_stops_the_run_naming_it(folder: Path, tmp_path: 
                                                         expected: list[str]) -> None:
     key = typo.partition("=")[0]
     args = [a for a in SEARCHPATH if not a.startswith(f"{key}=")]
-    proc = run(folder, "bench.run", *args, typo, *QUIET, f"out_dir={tmp_path / 'runs'}")
+    proc = run(folder, "bench.experiment.run", *args, typo, *QUIET, f"out_dir={tmp_path / 'runs'}")
     assert proc.returncode != 0
     for text in expected:
         assert text in proc.stderr, proc.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.summary import chance_verdict, final_eval
-from bench.spec import differing_protocols, expand, load_spec, row_protocol
-from bench.table import main as table_main
+from bench.experiment.spec import differing_protocols, expand, load_spec, row_protocol
+from bench.experiment.table import main as table_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,8 +168,8 @@ def fake_run(path: Path, acc: list[float], n: list[int], counts: list[list[int]]
 
 
 def test_a_per_client_column_at_chance_is_did_not_train_while_the_mean_column_is_a_number(tmp_path):
-    from bench.collect import collect
-    from bench.render import wide_table
+    from bench.experiment.collect import collect
+    from bench.experiment.render import wide_table
 
     spec = load_spec(spec_file(tmp_path, PER_CLIENT_SPEC))
     cell = expand(spec, "paper")[0]
@@ -190,7 +190,7 @@ def test_a_per_client_column_at_chance_is_did_not_train_while_the_mean_column_is
 
 
 def test_spec_notes_are_caption_lines_and_fedcac_names_its_code_over_text_choices(tmp_path):
-    from bench.render import caption
+    from bench.experiment.render import caption
 
     lines = caption(load_spec(ROOT / "conf" / "paper" / "fedcac" / "table2.yaml"), "paper")
     assert any(line.startswith("Code over text") and "bn_stats=critical" in line for line in lines)
@@ -199,8 +199,8 @@ def test_spec_notes_are_caption_lines_and_fedcac_names_its_code_over_text_choice
 
 
 def test_a_spec_shows_the_methods_final_round_metrics_per_row_and_column(tmp_path):
-    from bench.collect import collect
-    from bench.render import render
+    from bench.experiment.collect import collect
+    from bench.experiment.render import render
 
     spec = load_spec(spec_file(tmp_path, PER_CLIENT_SPEC + "metrics: [personal_fraction]\n"))
     cells = expand(spec, "paper", seeds=[0, 1])

@@ -10,13 +10,13 @@ import subprocess
 
 import pytest
 
-from bench import provenance
-from bench.cells import run_cells
-from bench.collect import collect
-from bench.provenance import CODE_PATHS, ROOT, code_identity, method_sources
-from bench.render import render
-from bench.run import execute
-from bench.spec import expand, load_spec
+from bench.experiment import provenance
+from bench.experiment.cells import run_cells
+from bench.experiment.collect import collect
+from bench.experiment.provenance import CODE_PATHS, ROOT, code_identity, method_sources
+from bench.experiment.render import render
+from bench.experiment.run import execute
+from bench.experiment.spec import expand, load_spec
 from tests.helpers import config
 from tests.test_table import spec_file
 
@@ -130,8 +130,8 @@ def test_timing_names_the_cpu_kernels_a_run_used_and_any_isa_cap(tmp_path, monke
     orders): every run's timing.json says which it was, and the caps a user set to reproduce another machine."""
     import torch
 
-    from bench.provenance import ISA_CAPS
-    from bench.run import run_dir_for, to_container
+    from bench.experiment.provenance import ISA_CAPS
+    from bench.experiment.run import run_dir_for, to_container
 
     for name in ISA_CAPS:
         monkeypatch.delenv(name, raising=False)
@@ -153,7 +153,7 @@ def test_collect_reads_a_runs_imports_as_its_config_wrote_them(tmp_path):
     a run of a plug-in method is checked against the plug-in's source too; no list, or no key, is none."""
     from omegaconf import OmegaConf
 
-    from bench.collect import run_imports
+    from bench.experiment.collect import run_imports
 
     for i, (cfg, expected) in enumerate([({"imports": ["tests.failing_method", "tests.toy_methods"], "seed": 1},
                                           ("tests.failing_method", "tests.toy_methods")),

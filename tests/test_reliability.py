@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.compose import to_container
 from bench.core.records import RecordsDamaged, RunDir
-from bench.run import RunDiverged, execute, run_dir_for
+from bench.experiment.compose import to_container
+from bench.experiment.run import RunDiverged, execute, run_dir_for
 from common.verified_io import load_verified, save_verified
 from tests.helpers import config
 from tests.test_table import SPEC, spec_file
@@ -54,7 +54,7 @@ def test_a_nan_model_mid_run_stops_the_run_and_is_never_a_result(tmp_path):
 
 
 def test_a_learning_rate_that_explodes_fails_the_command(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.run", *[str(o) for o in config_args(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.experiment.run", *[str(o) for o in config_args(tmp_path)],
                            "train.lr=1e8", "rounds=3"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "diverged in round" in proc.stderr and "lower train.lr" in proc.stderr
@@ -69,7 +69,8 @@ def config_args(tmp_path: Path) -> list[str]:
 def test_a_table_shows_a_diverged_cell_as_diverged_and_exits_non_zero(tmp_path):
     spec = SPEC.replace("  - {name: Separate,", "  - {name: Exploding, overrides: [method=fedavg, train.lr=1e8]}\n"
                                               "  - {name: Separate,")
-    args = [sys.executable, "-m", "bench.table", str(spec_file(tmp_path, spec)), "--scale", "mini", "--launcher",
+    args = [sys.executable, "-m", "bench.experiment.table", str(spec_file(tmp_path, spec)), "--scale", "mini",
+            "--launcher",
             "inline", "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -167,7 +168,8 @@ def test_a_checkpoint_write_cut_short_leaves_the_newest_checkpoint_and_its_prede
 
 
 def test_a_sigkill_while_records_are_written_loses_nothing_finished(tmp_path):
-    args = [sys.executable, "-m", "bench.run", *config_args(tmp_path), "rounds=30", "checkpoint.every_rounds=1",
+    args = [sys.executable, "-m", "bench.experiment.run", *config_args(tmp_path), "rounds=30",
+            "checkpoint.every_rounds=1",
             "train.epochs=2"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -181,7 +183,8 @@ def test_a_sigkill_while_records_are_written_loses_nothing_finished(tmp_path):
     assert not run.is_complete()
     assert subprocess.run(args, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
     clean = tmp_path / "clean"
-    subprocess.run([sys.executable, "-m", "bench.run", *config_args(clean), "rounds=30", "train.epochs=2"], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "bench.experiment.run", *config_args(clean), "rounds=30",
+                    "train.epochs=2"], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)
     assert run.rounds.read_bytes() == next(clean.rglob("rounds.jsonl")).read_bytes()
 
@@ -223,7 +226,8 @@ def test_a_table_with_a_failed_cell_exits_non_zero_after_writing_the_table(tmp_p
     spec = SPEC.replace("  - {name: Separate,", "  - {name: Broken, overrides: ['imports=[tests.failing_method]', "
                                               "method=fedavg, method.name=fails_in_round, +method.fail_round=1]}\n"
                                               "  - {name: Separate,")
-    args = [sys.executable, "-m", "bench.table", str(spec_file(tmp_path, spec)), "--scale", "mini", "--launcher",
+    args = [sys.executable, "-m", "bench.experiment.table", str(spec_file(tmp_path, spec)), "--scale", "mini",
+            "--launcher",
             "inline", "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
@@ -232,7 +236,8 @@ def test_a_table_with_a_failed_cell_exits_non_zero_after_writing_the_table(tmp_p
 
 def test_killing_a_table_takes_its_local_jobs_down_and_a_rerun_completes_cleanly(tmp_path):
     spec = SPEC.replace("rounds=1]", "rounds=40]").replace("seeds: [0]", "seeds: [0, 1]")
-    args = [sys.executable, "-m", "bench.table", str(spec_file(tmp_path, spec)), "--scale", "mini", "--launcher",
+    args = [sys.executable, "-m", "bench.experiment.table", str(spec_file(tmp_path, spec)), "--scale", "mini",
+            "--launcher",
             "local", "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--",
             "launcher.runs_per_job=1", "launcher.max_concurrent=2"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,7 +1,9 @@
-"""``bench.report``: the static results page from a small fake results tree written through ``bench.render``."""
+"""``bench.experiment.report``: the static results page from a small fake results tree written through
+``bench.experiment.render``."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -16,8 +18,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from bench import report  # noqa: E402
-from bench.render import write_table  # noqa: E402
+from bench.experiment import browser, report  # noqa: E402
+from bench.experiment.render import write_table  # noqa: E402
+from bench.experiment.result import Result, bullets, grid, heading  # noqa: E402
 
 NAN = math.nan
 ODD = "A<b>&c"  # a method name that must come out escaped
@@ -25,7 +28,7 @@ PROTOCOL = {"stage": "post", "selection": "best", "weighting": "unweighted"}
 
 
 def frame_of(cells: list[tuple[Any, ...]], **attrs: Any) -> pd.DataFrame:
-    """A collected frame (``bench.collect.collect``'s columns) from (method, column, mean, std, seeds,
+    """A collected frame (``bench.experiment.collect.collect``'s columns) from (method, column, mean, std, seeds,
     paper_mean, paper_std) tuples."""
     rows = [{"method": m, "column": c, "mean": mean, "std": std, "seeds": n, "paper_mean": pm, "paper_std": ps,
              "paper_source": "table" if not math.isnan(pm) else ""} for m, c, mean, std, n, pm, ps in cells]
@@ -64,7 +67,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     stale_cells=[["FedProx", "D1"]], stale=["FedProx | D1: 2 of 2 runs from other code than this tree"])
     write_table(spec_of("beta", "fig3", ["FedAvg", "FedProx"]), "mini", beta,
                 ["failed: FedAvg | D1 | seed 1 (/runs/x/error.txt)"], results)
-    (results / "beta" / "fig3.stats.json").unlink()  # an older table without one
+    (results / "beta" / "fig3.md").write_text("# Markdown the page never reads\n")  # all of it is in fig3.stats.json
+    cost = Result("Cost per round", ["Measured **here**."],
+                  [heading("Layout", 2), grid(["method", "s"], [["fedavg", "1.5"]]), bullets(["a note"], "Notes:")])
+    (results / "beta" / "cost.json").write_text(json.dumps({"rows": [], "result": cost.as_json()}))
+    (results / "beta" / "cost.md").write_text("# Markdown the page never reads\n")
     figure = results / "alpha" / "figures" / "curves" / "fig 1=a.png"
     figure.parent.mkdir(parents=True)
     fig, ax = plt.subplots(figsize=(2, 1.5))
@@ -113,6 +120,10 @@ def test_page_has_every_table_paper_value_comparison_figure_and_provenance(tree:
     assert 'class="missing"' in beta and "✗</span>" in beta and '<td class="missing">failed <span' in beta
     assert 'class="stale"' in beta and "‡</span>" in beta and "failed: FedAvg | D1 | seed 1" in beta
     assert "paper</th>" not in beta  # no published numbers: ours only
+    assert "beta fig3 title" in beta and "never reads" not in page  # the title from the result, not the Markdown
+    assert ("<h3>Cost per round</h3>\n<p>Measured <strong>here</strong>.</p>\n<h4>Layout</h4>\n"
+            '<div class="scroll"><table><thead><tr><th>method</th><th>s</th></tr></thead><tbody><tr><td class=m>fedavg'
+            "</td><td>1.5</td></tr></tbody></table></div>\n<p>Notes:</p>\n<ul><li>a note</li></ul>") in page
     # provenance: page-level block and per table
     assert 'id="provenance"' in page and "Generated " in page
     assert page.count('class="prov table-provenance"') == 3
@@ -151,16 +162,16 @@ def test_cli_writes_the_page_atomically_and_returns_0(tree: dict[str, Any], tmp_
 
 
 def test_page_loads_in_headless_chromium_with_every_table_and_image(tree: dict[str, Any], tmp_path: Path) -> None:
-    report.chromium()  # Debian's chromium: `make setup` and .ci/run install it; its error says how otherwise
+    browser.chromium()  # Debian's chromium: `make setup` and .ci/run install it; its error says how otherwise
     out = report.build(tree["results"], tmp_path / "index.html")
-    dom = report.dump_dom(out)
+    dom = browser.dump_dom(out)
     for anchor in tree["tables"]:
         assert f'id="{anchor}-table"' in dom
     assert dom.count('<table class="results"') == 3
     assert len(re.findall(r"<img\b", dom)) == len(tree["figures"])
     assert f'data-images="{len(tree["figures"])}"' in dom
     assert 'data-broken-images="0"' in dom  # every image loaded (naturalWidth > 0)
-    png = report.screenshot(out)
+    png = browser.screenshot(out)
     assert png == tmp_path / "index.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 
 
@@ -182,9 +193,9 @@ def test_markdown_subset() -> None:
 def test_screenshot_without_chromium_says_how_to_install_it(tree: dict[str, Any], tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(report.shutil, "which", lambda name: None)
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="apt-get install -y chromium"):
-        report.chromium()
+        browser.chromium()
     out = tmp_path / "index.html"
     assert report.main(["--results", str(tree["results"]), "--out", str(out), "--screenshot"]) == 1
     assert out.exists() and not out.with_suffix(".png").exists()
@@ -207,7 +218,7 @@ def test_secondary_paper_numbers_are_marked_in_markdown_latex_and_page(tmp_path:
 
 
 def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) -> None:
-    from bench.render import rerender
+    from bench.experiment.render import rerender
 
     paired = [{"column": "C1", "row": "FedX", "other": "FedAvg", "best_other": "FedAvg", "seeds": 2, "mean_diff": 2.0,
                "std_diff": NAN, "ci_low": NAN, "ci_high": NAN, "confidence": 0.95, "higher_in": 2,
@@ -223,7 +234,7 @@ def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) ->
     assert rerender(spec, "mini", tmp_path) == md
     assert {suffix: md.with_suffix(suffix).read_text() for suffix in written} == written
     write_table(spec, "mini", frame, ["failed: FedX | C1 | seed 1"], tmp_path)  # a mark the CSV does not record
-    with pytest.raises(ValueError, match="python -m bench.table"):
+    with pytest.raises(ValueError, match="python -m bench.experiment.table"):
         rerender(spec, "mini", tmp_path)
     with pytest.raises(FileNotFoundError, match="write the table first"):
         rerender(spec_of("epsilon", "1", ["FedAvg"]), "mini", tmp_path)

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from bench.cells import run_cells
 from bench.core.records import RunDir
-from bench.launch import RunBatch, load_launcher, with_threads
-from bench.run import execute, run_dir_for, to_container
-from bench.spec import expand, load_spec
+from bench.experiment.cells import run_cells
+from bench.experiment.launch import RunBatch, load_launcher, with_threads
+from bench.experiment.run import execute, run_dir_for, to_container
+from bench.experiment.spec import expand, load_spec
 from tests.helpers import cli_args, config
 from tests.test_table import SPEC, spec_file
 
@@ -178,7 +178,7 @@ def test_a_preempted_job_is_requeued_by_slurm_and_ends_with_identical_records(sl
 
 def test_hydra_multirun_with_submitit_slurm_equals_direct_runs(slurm, tmp_path):
     args = cli_args(tmp_path / "hydra", ["rounds=2"])
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "-m", "hydra/launcher=submitit_slurm",
+    proc = subprocess.run([sys.executable, "-m", "bench.experiment.run", "-m", "hydra/launcher=submitit_slurm",
                            "hydra.launcher.timeout_min=5", "hydra.launcher.cpus_per_task=1", *args, "seed=0,1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

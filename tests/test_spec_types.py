@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import CONFIG_EXIT, run_cli
-from bench.spec import TableSpec, cell_overrides, expand, load_spec
-from bench.table import main as table_main
+from bench.experiment.errors import CONFIG_EXIT, run_cli
+from bench.experiment.spec import TableSpec, cell_overrides, expand, load_spec
+from bench.experiment.table import main as table_main
 
 SPEC = """
 paper: demo

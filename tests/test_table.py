@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cells import run_cells
-from bench.collect import collect
-from bench.render import write_table
-from bench.spec import expand, load_spec
+from bench.experiment.cells import run_cells
+from bench.experiment.collect import collect
+from bench.experiment.render import write_table
+from bench.experiment.spec import expand, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = """
@@ -146,8 +146,8 @@ def test_a_scale_naming_an_unknown_column_is_refused(tmp_path):
 
 
 def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_path):
-    from bench.launch import load_launcher
-    from bench.tuning import grid_points, tune
+    from bench.experiment.launch import load_launcher
+    from bench.experiment.tuning import grid_points, tune
 
     assert grid_points({"a": [1, 2], "b": [3]}) == [["a=1", "b=3"], ["a=2", "b=3"]]
     text = SPEC + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
@@ -165,7 +165,7 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
     assert f"- Separate | A: {chosen['chosen'][0]}" in md
     assert "✓" in (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.md").read_text()
     # the collector alone (make collect) reads the search's choices and finds the table's runs
-    from bench.collect import main as collect_main
+    from bench.experiment.collect import main as collect_main
     collect_main([str(spec_file(tmp_path, text)), "--scale", "paper", "--out-dir", str(tmp_path / "runs"),
                   "--results", str(tmp_path / "results"), "--seeds", "0", "1"])
     again = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.md").read_text()
@@ -180,11 +180,11 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
 def test_tuning_searches_and_chooses_only_the_columns_of_its_scale(tmp_path):
     # a scale running a subset of the columns (scales.medium.columns: [A]) used to fail with a KeyError on the
     # columns it does not run
-    import bench.tuning
-    from bench.launch import load_launcher
+    import bench.experiment.tuning
+    from bench.experiment.launch import load_launcher
 
     text = MEDIUM + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
-    tuned = bench.tuning.tune(load_spec(spec_file(tmp_path, text)), "medium", load_launcher("inline"),
+    tuned = bench.experiment.tuning.tune(load_spec(spec_file(tmp_path, text)), "medium", load_launcher("inline"),
                               str(tmp_path / "runs"), (), tmp_path / "results")
     separate = next(r for r in tuned["rows"] if r["name"] == "Separate")
     assert list(separate["tuned"]) == ["A"]
@@ -243,6 +243,6 @@ def test_the_caption_states_each_rows_mean_p_squared_widest_width_and_rule_from_
     assert "HeteroFL own: the largest p in {1, 1/2, 1/4, ...} with p² ≤ r" in md
     tex = (tmp_path / "results" / "fedcac" / "table1.tex").read_text()
     assert r"p$^2$ $\le$ r" in tex
-    from bench.render import rerender
+    from bench.experiment.render import rerender
 
     assert rerender(spec, "mini", tmp_path / "results").read_text() == md  # from the CSV and .stats.json alone

@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 import sys
 
-from bench.cells import TableProgress, duration, run_cells
-from bench.launch import Outcome, load_launcher
-from bench.spec import expand, load_spec
+from bench.experiment.cells import TableProgress, duration, run_cells
+from bench.experiment.launch import Outcome, load_launcher
+from bench.experiment.spec import expand, load_spec
 from tests.test_table import SPEC, spec_file
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
-from bench.run import validate
-from bench.spec import Cell, cell_config, expand, load_spec
-from bench.tuning import grid_points, point_name, score_selection, search_spec, settings
+from bench.experiment.run import validate
+from bench.experiment.spec import Cell, cell_config, expand, load_spec
+from bench.experiment.tuning import grid_points, point_name, score_selection, search_spec, settings
 from methods.lgfedavg import local_layers_mask
 
 FEDSELECT = Path(__file__).resolve().parent.parent / "conf" / "paper" / "fedselect" / "table1.yaml"
@@ -21,7 +21,7 @@ PA3DFL = Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / 
 
 
 def search_cells(spec: dict[str, Any], scale: str) -> list[Cell]:
-    """The cells ``bench.tuning.tune`` runs (without running them)."""
+    """The cells ``bench.experiment.tuning.tune`` runs (without running them)."""
     tuning = settings(spec, scale)
     grid = {row: grid_points(points) for row, points in tuning["grid"].items()}
     return expand(search_spec(spec, grid), scale, tuning["seeds"], "runs",

@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from bench.run import execute
+from bench.experiment.run import execute
 from tests.helpers import config
 
 ROOT = Path(__file__).resolve().parent.parent

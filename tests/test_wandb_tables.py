@@ -1,4 +1,5 @@
-"""Paper tables as W&B runs (bench.wandb_tables): logged offline, then read back from the run's files on disk.
+"""Paper tables as W&B runs (bench.experiment.wandb_tables): logged offline, then read back from the run's files on
+disk.
 
 The offline run is read with ``wandb leet inspect --json`` (W&B's own reader of the ``.wandb`` transaction log:
 run record, config, summary) and through the files it points to (``files/media/table/*.table.json``,
@@ -17,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench import table as table_cli
-from bench import wandb_tables
-from bench.cells import run_cells
-from bench.spec import expand, load_spec
+from bench.experiment import table as table_cli
+from bench.experiment import wandb_tables
+from bench.experiment.cells import run_cells
+from bench.experiment.spec import expand, load_spec
 from tests.helpers import wandb_records
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from bench.builder import build_experiment
-from bench.compose import to_container
 from bench.core import engine
 from bench.core.aggregate import WeightedMean
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.core.records import RunDir
-from bench.run import execute, run_dir_for
+from bench.experiment.compose import to_container
+from bench.experiment.run import execute, run_dir_for
 from tests.helpers import config
 
 TOY = ["imports=[tests.toy_methods]", "method=fedavg"]

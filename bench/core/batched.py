@@ -39,7 +39,7 @@ from bench.core.flat import FlatModel
 
 
 class ClientTask(Protocol):
-    """What the batched path reads of a participant's round (``bench.core.engine.ClientTask``)."""
+    """What the batched path reads of a participant's round (``bench.core.federation.ClientRound``)."""
 
     cid: int
     data: ClientData

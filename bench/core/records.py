@@ -10,7 +10,8 @@ Layout of a run directory::
     summary.json        written once at the end; "complete": true marks a finished run
     diverged.json       where a run stopped because its loss or model became non-finite
     timing.json         wall-clock numbers, threads and the CPU kernels used (torch version, instruction set:
-                        bench.provenance.cpu_kernels); kept out of the records so that records are bit-identical
+                        bench.experiment.provenance.cpu_kernels); kept out of the records so that records are
+                        bit-identical
 
 A run that is killed and started again resumes from its newest intact checkpoint; its records are cut back
 to that round (a torn last line is dropped). Records that a checkpoint covers but that are damaged are never

@@ -1,9 +1,9 @@
-"""``python -m bench.run -m hydra/launcher=capped_local hydra.launcher.max_concurrent=2 seed=0,1,2,3``.
+"""``python -m bench.experiment.run -m hydra/launcher=capped_local hydra.launcher.max_concurrent=2 seed=0,1,2,3``.
 
 Hydra's ``submitit_local`` starts every job of a sweep at once; on a small machine that oversubscribes the
 cores (two 2-thread torch jobs on 2 cores run ~8x slower). This launcher submits the sweep in waves of
 ``max_concurrent`` jobs (default: cores // cpus_per_task) and gives each job ``cpus_per_task`` torch threads
-(default 1), so its records equal those of ``bench.run threads=<cpus_per_task>`` and of Slurm jobs with
+(default 1), so its records equal those of ``bench.experiment.run threads=<cpus_per_task>`` and of Slurm jobs with
 that many CPUs.
 """
 

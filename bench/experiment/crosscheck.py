@@ -1,0 +1,327 @@
+"""Cross-checks: our methods against independent public implementations on identical data.
+
+``conf/crosscheck.yaml`` names the shared setting (data, split, model, optimiser, rounds, seeds), the methods and
+for each its external implementation. ``scripts/crosscheck_external.py`` runs the external side once and writes its
+learning curves as ``results/crosscheck/<method>/reference_<partition>.json`` (their numbers, never their code).
+This module runs our side in a fresh output folder (finished runs are never reused, so the check sees the current
+code), reads the same metric from every round, and compares best and final accuracy (means over seeds) with the
+reference:
+
+    python -m bench.experiment.crosscheck                       # every method with a reference; exit 1 on a drift
+    python -m bench.experiment.crosscheck --set ci              # the reduced set (``ci:`` in the spec, first partition)
+    python -m bench.experiment.crosscheck --methods fedavg --write   # also rewrite results/crosscheck/ (curves,
+    figures, table)
+
+A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.experiment.errors import config_phase, run_cli
+
+SPEC = Path(__file__).resolve().parents[2] / "conf" / "crosscheck.yaml"
+RESULTS = Path("results") / "crosscheck"
+
+
+def load_spec(path: str | Path = SPEC) -> dict[str, Any]:
+    """The cross-check spec, checked for the keys every part of the machinery reads."""
+    spec = yaml.safe_load(Path(path).read_text())
+    for key in ("setting", "partitions", "methods", "tolerance", "external"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing top-level key {key!r}")
+    for name, m in spec["methods"].items():
+        if "ours" not in m or "external" not in m:
+            raise ValueError(f"{path}: method {name!r} needs 'ours' and 'external'")
+        if m["external"]["code"] not in spec["external"]:
+            raise ValueError(f"{path}: method {name!r} names external code {m['external']['code']!r}, which is not "
+                             f"under 'external:' ({', '.join(spec['external'])})")
+    return spec
+
+
+def method_partitions(spec: Mapping[str, Any], method: str) -> list[str]:
+    """The partitions a method is checked on (its ``partitions``, else every one of the spec)."""
+    return list(spec["methods"][method].get("partitions") or spec["partitions"])
+
+
+def tolerance(spec: Mapping[str, Any], method: str) -> float:
+    return float(spec["methods"][method].get("tolerance", spec["tolerance"]))
+
+
+def setting_overrides(spec: Mapping[str, Any], partition: str) -> list[str]:
+    """Our config overrides for the shared setting on ``partition`` (everything but method and seed)."""
+    s = spec["setting"]
+    return [f"dataset={s['dataset']}", f"model={s['model']}", "model.options.norm=none",
+            f"num_clients={s['num_clients']}", f"dataset.n_train_per_client={s['n_train_per_client']}",
+            f"dataset.n_test_per_client={s['n_test_per_client']}", f"data_seed={s['data_seed']}",
+            f"rounds={s['rounds']}", "participation=1.0", "train.optimizer=sgd", f"train.lr={s['lr']}",
+            "train.momentum=0.0", "train.weight_decay=0.0", f"train.batch_size={s['batch_size']}",
+            f"train.epochs={s['epochs']}", "train.drop_last=true", "eval.every=1", "eval.primary.stage=post",
+            "eval.primary.selection=final", "eval.primary.weighting=weighted", *spec["partitions"][partition]]
+
+
+def our_overrides(spec: Mapping[str, Any], method: str, partition: str, seed: int) -> list[str]:
+    return [*setting_overrides(spec, partition), *spec["methods"][method]["ours"], f"seed={seed}"]
+
+
+def curve_from_records(rounds_jsonl: str | Path, stage: str = "post") -> list[float]:
+    """Per round, the test accuracy pooled over all clients (``weighted_acc``, %) at ``stage``."""
+    curve: dict[int, float] = {}
+    with open(rounds_jsonl) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") == "eval" and rec.get("stage") == stage and rec.get("split") == "test":
+                curve[int(rec["round"])] = float(rec["weighted_acc"])
+    return [curve[r] for r in sorted(curve)]
+
+
+@dataclass(frozen=True)
+class Stats:
+    best: float   # mean over seeds of each seed's best round
+    final: float  # mean over seeds of the last round
+    tail: float = float("nan")  # mean over seeds of the mean of the last TAIL rounds (less noisy than final)
+
+
+TAIL = 5
+
+
+def stats(curves: Mapping[str, Sequence[float]]) -> Stats:
+    runs = list(curves.values())
+    if not runs or any(len(c) == 0 for c in runs):
+        raise ValueError("no learning curve to summarise")
+    return Stats(best=sum(max(c) for c in runs) / len(runs), final=sum(c[-1] for c in runs) / len(runs),
+                 tail=sum(sum(c[-TAIL:]) / len(c[-TAIL:]) for c in runs) / len(runs))
+
+
+def verdict(ours: Stats, theirs: Stats, tol: float, method_tol: float, note: str | None = None) -> tuple[bool, str]:
+    """(passes, the verdict's words): agree within the common tolerance ``tol``; else explained by ``note`` within
+    the method's own (wider) tolerance; else a difference, which fails."""
+    gap = max(abs(ours.best - theirs.best), abs(ours.final - theirs.final))
+    if gap <= tol:
+        return True, f"agree (within {tol:g})"
+    if note and gap <= method_tol:
+        return True, f"explained (within {method_tol:g}): {note}"
+    return False, f"DIFFERS (beyond {method_tol:g})"
+
+
+def reference_path(results: Path, method: str, partition: str) -> Path:
+    return results / method / f"reference_{partition}.json"
+
+
+def load_reference(results: Path, method: str, partition: str) -> dict[str, Any]:
+    path = reference_path(results, method, partition)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run scripts/crosscheck_external.py for {method} first")
+    return json.loads(path.read_text())
+
+
+def run_ours(spec: Mapping[str, Any], jobs: Sequence[tuple[str, str, int]], out_dir: Path, workers: int = 2,
+             extra: Sequence[str] = ()) -> dict[tuple[str, str, int], list[float]]:
+    """Train every (method, partition, seed) in its own fresh folder under ``out_dir``; their curves."""
+
+    def one(job: tuple[str, str, int]) -> list[float]:
+        method, partition, seed = job
+        out = out_dir / f"{method}-{partition}-s{seed}"
+        cmd = [sys.executable, "-m", "bench.experiment.run", *our_overrides(spec, method, partition, seed), *extra,
+               f"out_dir={out}", "exp=crosscheck", "quiet=true", "logger.wandb.mode=disabled", "threads=1"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"our run {method}/{partition}/seed {seed} failed:\n{' '.join(cmd)}\n"
+                               f"{proc.stderr[-3000:]}")
+        found = sorted(out.glob("crosscheck/*/*/rounds.jsonl"))
+        if len(found) != 1:
+            raise RuntimeError(f"expected one run under {out}, found {len(found)}")
+        return curve_from_records(found[0])
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return dict(zip(jobs, pool.map(one, jobs), strict=True))
+
+
+def figure(path: Path, method: str, partition: str, ours: Mapping[str, Sequence[float]],
+           theirs: Mapping[str, Sequence[float]], external: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for label, curves, color in (("ours", ours, "tab:blue"), (external, theirs, "tab:orange")):
+        for i, (seed, c) in enumerate(sorted(curves.items())):
+            ax.plot(range(1, len(c) + 1), c, color=color, alpha=0.85, lw=1.2,
+                    ls="-" if i == 0 else "--", label=f"{label} seed {seed}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy, pooled (%)")
+    ax.set_title(f"{method} — {partition}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[str, Sequence[float]],
+            reference: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of the agreement table."""
+    theirs = {str(k): v for k, v in reference["curves"].items()}
+    lengths = {len(c) for c in [*ours.values(), *theirs.values()]}
+    if len(lengths) != 1:
+        raise ValueError(f"{method}/{partition}: curves of different lengths {sorted(lengths)}: the reference was "
+                         "made with other rounds than conf/crosscheck.yaml's; rerun scripts/crosscheck_external.py")
+    o, t = stats(ours), stats(theirs)
+    tol = tolerance(spec, method)
+    ok, words = verdict(o, t, float(spec["tolerance"]), tol, spec["methods"][method].get("note"))
+    return {"method": method, "partition": partition, "external": reference["external"]["repo"],
+            "commit": reference["external"]["commit"], "algo": reference["external"]["algo"],
+            "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best, "theirs_final": t.final,
+            "d_best": o.best - t.best, "d_final": o.final - t.final, "d_tail": o.tail - t.tail,
+            "tolerance": tol, "ok": ok, "verdict": words}
+
+
+def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    s = spec["setting"]
+    lines = [
+        "# Cross-checks against independent implementations",
+        "",
+        "Written by `python -m bench.experiment.crosscheck --write` (`make crosscheck` checks, writes nothing). "
+        "Setting "
+        f"(both sides, `conf/crosscheck.yaml`): real Fashion-MNIST, {s['num_clients']} clients with "
+        f"{s['n_train_per_client']} train / {s['n_test_per_client']} test samples each (our split, partition seed "
+        f"{s['data_seed']}, exported with `python -m bench.experiment.partition export --format pfllib`), PFLlib's "
+            "FedAvgCNN "
+        f"(our `cnn_fedavg`), SGD lr {s['lr']}, batch {s['batch_size']} (last partial batch dropped), "
+        f"{s['epochs']} local epoch(s), {s['rounds']} rounds, all clients every round, seeds {s['seeds']}. "
+        "Metric: test accuracy pooled over all clients' test samples (weighted by test size), of the model each "
+        "client holds after the round's aggregation; best = mean over seeds of each seed's best round, final = "
+        f"mean over seeds of the last round, last {TAIL} = mean over seeds of the last {TAIL} rounds' mean (shown, "
+        "not part of the verdict). Δ = ours − theirs, in points. Verdict: agree when both |Δ best| and |Δ final| "
+        "are within the common tolerance; else explained (the method's note, within its own tolerance); else differs.",
+        "",
+        "| method | partition | external code (commit) | theirs best / final | ours best / final | Δ best | "
+        "Δ final | Δ last 5 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['partition']} | {r['external']} `{r['algo']}` ({r['commit'][:10]}) | "
+            f"{r['theirs_best']:.2f} / {r['theirs_final']:.2f} | {r['ours_best']:.2f} / {r['ours_final']:.2f} | "
+            f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r.get('d_tail', float('nan')):+.2f} | {r['verdict']} |")
+    done = {(r["method"], r["partition"]) for r in rows}
+    pending = [f"{m}/{p}" for m in spec["methods"] for p in method_partitions(spec, m) if (m, p) not in done]
+    if pending:
+        lines += ["", "Configured in `conf/crosscheck.yaml`, not run on both sides yet: " + ", ".join(pending) + "."]
+    missing = [m for m in spec.get("no_public_code", {})]
+    if missing:
+        lines += ["", "Methods with no public implementation to check against: "
+                  + "; ".join(f"{m} ({why})" for m, why in spec["no_public_code"].items()) + "."]
+    unchecked = spec.get("not_checked") or {}
+    if unchecked:
+        lines += ["", "Not cross-checked yet: " + "; ".join(f"{m} ({why})" for m, why in unchecked.items()) + "."]
+    lines += ["", "Figures: `results/crosscheck/figures/<method>-<partition>.png` (both sides' learning curves per "
+              "seed); "
+              "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`."]
+    return "\n".join(lines) + "\n"
+
+
+def select(spec: Mapping[str, Any], methods: Sequence[str] | None, which: str, results: Path,
+           partitions: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The (method, partition) cells to check: those with a committed reference among the chosen ones."""
+    if which == "ci":
+        names = list(spec.get("ci") or [])
+        first = next(iter(spec["partitions"]))
+        parts_for = {m: [first] for m in names}
+    else:
+        names = list(methods or spec["methods"])
+        parts_for = {m: method_partitions(spec, m) for m in names}
+    unknown = [m for m in names if m not in spec["methods"]]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}: choose from {', '.join(spec['methods'])}")
+    cells = [(m, p) for m in names for p in parts_for[m] if partitions is None or p in partitions]
+    explicit = methods is not None or which == "ci"
+    have = [(m, p) for m, p in cells if reference_path(results, m, p).is_file()]
+    if explicit and len(have) != len(cells):
+        lost = [f"{m}/{p}" for m, p in cells if (m, p) not in have]
+        raise FileNotFoundError(f"no reference curves for {', '.join(lost)} under {results}: run "
+                                "scripts/crosscheck_external.py for them first")
+    if len(have) != len(cells):
+        print("no reference yet (not checked): " + ", ".join(f"{m}/{p}" for m, p in cells if (m, p) not in have),
+              file=sys.stderr)
+    if not have:
+        raise FileNotFoundError(f"no reference curves under {results}: run scripts/crosscheck_external.py first")
+    return have
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=str(SPEC))
+    parser.add_argument("--results", default=str(RESULTS), help="where the reference curves live")
+    parser.add_argument("--methods", nargs="+", help="default: every method with a reference")
+    parser.add_argument("--partitions", nargs="+")
+    parser.add_argument("--set", choices=("all", "ci"), default="all", help="ci: the spec's reduced set")
+    parser.add_argument("--out-dir", help="our runs' folder (default: a fresh temporary one, removed after)")
+    parser.add_argument("--workers", type=int, default=2, help="runs in parallel (one thread each)")
+    parser.add_argument("--write", action="store_true", help="write our curves, figures and the table to --results")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for every one of our runs (tests)")
+    args = parser.parse_args(argv)
+    with config_phase():
+        spec = load_spec(args.spec)
+        results = Path(args.results)
+        cells = select(spec, args.methods, args.set, results, args.partitions)
+        refs = {(m, p): load_reference(results, m, p) for m, p in cells}
+    seeds = [int(s) for s in spec["setting"]["seeds"]]
+    jobs = [(m, p, s) for m, p in cells for s in seeds]
+    with tempfile.TemporaryDirectory(prefix="crosscheck-") as tmp:
+        curves = run_ours(spec, jobs, Path(args.out_dir or tmp), args.workers, args.extra)
+    rows = []
+    for m, p in cells:
+        ours = {str(s): curves[(m, p, s)] for s in seeds}
+        row = compare(spec, m, p, ours, refs[(m, p)])
+        rows.append(row)
+        print(f"{m:10s} {p:6s} ours {row['ours_best']:6.2f}/{row['ours_final']:6.2f}  theirs "
+              f"{row['theirs_best']:6.2f}/{row['theirs_final']:6.2f}  Δ {row['d_best']:+.2f}/{row['d_final']:+.2f}  "
+              f"{row['verdict']}")
+        if args.write:
+            (results / m).mkdir(parents=True, exist_ok=True)
+            (results / m / f"ours_{p}.json").write_text(json.dumps(
+                {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, seeds[0])[:-1],
+                 "seeds": seeds, "metric": "weighted_acc, stage post, every round", "curves": ours}, indent=1) + "\n")
+            ref = refs[(m, p)]
+            figure(results / "figures" / f"{m}-{p}.png", m, p, ours, ref["curves"], ref["external"]["repo"])
+    if args.write:
+        written = [json.loads(f.read_text()) for f in sorted(results.glob("*/ours_*.json"))]
+        all_rows = []
+        for o in written:
+            key = (o["method"], o["partition"])
+            if key in refs:
+                all_rows.append(next(r for r in rows if (r["method"], r["partition"]) == key))
+            elif o["method"] in spec["methods"] and reference_path(results, *key).is_file():
+                all_rows.append(compare(spec, *key, o["curves"], load_reference(results, *key)))
+        order = {m: i for i, m in enumerate(spec["methods"])}
+        all_rows.sort(key=lambda r: (order.get(r["method"], 999), r["partition"]))
+        (results / "table.json").write_text(json.dumps(all_rows, indent=1) + "\n")
+        (results / "README.md").write_text(table_markdown(spec, all_rows))
+    drifted = [r for r in rows if not r["ok"]]
+    if drifted:
+        print("crosscheck FAILED: " + ", ".join(f"{r['method']}/{r['partition']}" for r in drifted)
+              + " beyond tolerance", file=sys.stderr)
+        return 1
+    print(f"crosscheck passed: {len(rows)} cell(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
