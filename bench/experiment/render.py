@@ -23,7 +23,7 @@ from bench.experiment.result import (
     Block,
     Result,
     bullets,
-    grid,
+    frame_grid,
     markdown_grid,
     paragraph,
     to_latex,
@@ -192,13 +192,6 @@ def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table of ``frame`` with its index as the first column."""
     block = frame_grid(frame)
     return "\n".join(markdown_grid(block.head, block.rows))
-
-
-def frame_grid(frame: pd.DataFrame, kind: str = "") -> Block:
-    """A grid block of ``frame`` with its index as the first column (a missing value as an empty cell)."""
-    head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
-    return grid(head, [[str(idx)] + ["" if pd.isna(v) else str(v) for v in row] for idx, row in frame.iterrows()],
-                kind)
 
 
 def _paired_cell(p: dict[str, Any]) -> str:
@@ -389,8 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", default="mini", choices=SCALES)
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
-    for path in args.spec:
-        print(f"wrote {rerender(load_spec(path), args.scale, args.results)}")
+    from bench.experiment.tuning import with_tuned
+
+    for path in args.spec:  # the rows' searched values, as the table ran
+        print(f"wrote {rerender(with_tuned(load_spec(path), args.scale, args.results), args.scale, args.results)}")
     return 0
 
 

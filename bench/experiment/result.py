@@ -12,10 +12,15 @@ its main grid); :meth:`Result.as_json` is what the ``.stats.json`` / ``.json`` b
 from __future__ import annotations
 
 import html
+import json
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 #: the kinds of block: a heading (``level`` 1-6), a paragraph, a bullet list (``text``: the line leading it, written
 #: without a blank line before the list, or empty), a grid (``head`` and ``rows`` of cell strings)
@@ -75,6 +80,24 @@ class Result:
     def from_json(cls, data: dict[str, Any]) -> Result:
         return cls(data["title"], list(data.get("caption", [])), [Block(**b) for b in data.get("blocks", [])],
                    {k: [list(c) for c in v] for k, v in (data.get("cells") or {}).items()})
+
+
+def frame_grid(frame: pd.DataFrame, kind: str = "") -> Block:
+    """A grid block of ``frame`` with its index as the first column (a missing value as an empty cell)."""
+    head = [str(frame.index.name or "")] + [str(c) for c in frame.columns]
+    return grid(head, [[str(idx)] + ["" if pd.isna(v) else str(v) for v in row] for idx, row in frame.iterrows()],
+                kind)
+
+
+def rerender_from_json(path: Path, write: Callable[[dict[str, Any]], Any]) -> int:
+    """A ``--rerender`` command: ``write`` again what the JSON at ``path`` holds (its result left out: ``write``
+    builds it anew), measuring nothing; 0, or 2 with a one-line error when there is no such file."""
+    if not path.is_file():
+        print(f"error: {path} does not exist: measure first (without --rerender)", file=sys.stderr)
+        return 2
+    write({k: v for k, v in json.loads(path.read_text()).items() if k != "result"})
+    print(f"wrote {path.with_suffix('.md')}, .csv, .json (from {path})")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------- Markdown

@@ -37,8 +37,7 @@ import pandas as pd
 from bench.core.records import RunDir
 from bench.core.summary import pick
 from bench.experiment.cells import run_cells
-from bench.experiment.render import frame_grid
-from bench.experiment.result import Result, to_markdown
+from bench.experiment.result import Result, frame_grid, to_markdown
 from bench.experiment.spec import expand, label, output_base, scale_block, scale_columns
 from common.verified_io import atomic_write_json, atomic_write_text
 

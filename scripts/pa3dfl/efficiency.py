@@ -52,7 +52,6 @@ import csv
 import dataclasses
 import functools
 import io
-import json
 import platform
 import sys
 import time
@@ -83,7 +82,7 @@ from bench.core.capacity import PREFERRED_WIDTHS, weakest_width
 from bench.core.engine import make_optimizer
 from bench.experiment.compose import compose_config, to_container
 from bench.experiment.provenance import cpu_name
-from bench.experiment.result import Result, bullets, grid, heading, paragraph, to_markdown
+from bench.experiment.result import Result, bullets, grid, heading, paragraph, rerender_from_json, to_markdown
 from common.seeding import derive_seed
 from common.verified_io import atomic_write_json, atomic_write_text
 
@@ -862,15 +861,6 @@ def write_result(out: Path, measured: Mapping[str, Any]) -> Result:
     return result
 
 
-def rerender(out: Path) -> Result:
-    """Rewrite ``efficiency.md``, ``.csv`` and the result in ``efficiency.json`` from what that JSON holds (its
-    rows, header and notes as they were measured; nothing is measured)."""
-    path = out / "efficiency.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: measure first (python -m scripts.pa3dfl.efficiency)")
-    return write_result(out, {k: v for k, v in json.loads(path.read_text()).items() if k != "result"})
-
-
 def run(opts: Options, out: Path, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """Measure every method of ``opts`` and write the three files; returns the rows."""
     check_options(opts.methods, opts.batch_sizes)
@@ -945,13 +935,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.rerender:
-        try:
-            rerender(args.out)
-        except FileNotFoundError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.out / 'efficiency.md'}, .csv, .json (from {args.out / 'efficiency.json'})")
-        return 0
+        return rerender_from_json(args.out / "efficiency.json", lambda measured: write_result(args.out, measured))
     try:
         opts = options_from(args)
     except ValueError as err:

@@ -307,15 +307,6 @@ def write_result(out: Path, measured: Mapping[str, Any]) -> Result:
     return result
 
 
-def rerender(out: Path) -> Result:
-    """Rewrite ``table9.md``, ``.csv`` and the result in ``table9.json`` from what that JSON holds (nothing is
-    measured)."""
-    path = out / "table9.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: measure first (python scripts/pa3dfl/hn_cost.py)")
-    return write_result(out, {k: v for k, v in json.loads(path.read_text()).items() if k != "result"})
-
-
 NOTES = (
     "generation = `Pa3dFL.client_model` for the round's participants (the hypernetwork generates every V and the "
     "local head at full width, then they are pruned to the client's width); update = `Pa3dFL.upload` of every "
@@ -411,15 +402,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from bench.experiment.result import rerender_from_json
+
     args = parser().parse_args(argv)
     if args.rerender:
-        try:
-            rerender(args.out)
-        except FileNotFoundError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        print(args.out / "table9.md")
-        return 0
+        return rerender_from_json(args.out / "table9.json", lambda measured: write_result(args.out, measured))
     repeats = dict.fromkeys(args.models, args.repeats)
     for item in args.repeats_for:
         model, _, count = item.partition("=")
