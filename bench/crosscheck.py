@@ -265,7 +265,8 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
         lines += ["", "Not cross-checked yet: " + "; ".join(f"{m} ({why})" for m, why in unchecked.items()) + "."]
     lines += ["", "Figures: `results/crosscheck/figures/<method>-<partition>.png` (both sides' learning curves per "
               "seed); "
-              "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`."]
+              "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`; our side "
+              "with more seeds, where two could not tell a difference from noise: `seeds_<partition>.json`."]
     return "\n".join(lines) + "\n"
 
 

@@ -237,3 +237,17 @@ def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
     assert cmd[cmd.index("-t") + 1] == "5"
     with pytest.raises(SystemExit, match="0..n-1"):
         ext.with_seeds(spec, [2, 3])
+
+
+def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_difference() -> None:
+    spread = _script("crosscheck_seeds").spread
+    ours = {"0": [70.0, 80.0, 78.0], "1": [70.0, 76.0, 82.0], "2": [70.0, 84.0, 80.0]}
+    theirs = {"0": [70.0, 81.0, 79.0], "1": [70.0, 83.0, 81.0]}
+    s = spread(ours, theirs)
+    assert s["ours"]["best"]["mean"] == pytest.approx((80 + 82 + 84) / 3)
+    assert s["ours"]["final"]["sd"] == pytest.approx(np.std([78.0, 82.0, 80.0], ddof=1))
+    pooled = ((2 * np.var([80.0, 82.0, 84.0], ddof=1) + 1 * np.var([81.0, 83.0], ddof=1)) / 3) ** 0.5
+    assert s["delta"]["best"]["delta"] == pytest.approx(82.0 - 82.0)
+    assert s["delta"]["best"]["se"] == pytest.approx(pooled * (1 / 3 + 1 / 2) ** 0.5)
+    with pytest.raises(ValueError, match="two seeds"):
+        spread({"0": [1.0]}, theirs)
