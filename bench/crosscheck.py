@@ -205,6 +205,8 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
     o, t = stats(ours), stats(theirs)
     tol = tolerance(spec, method)
     ok, words = verdict(o, t, float(spec["tolerance"]), tol, spec["methods"][method].get("note"))
+    if not ok and spec["methods"][method].get("open"):  # what is known of a difference not explained yet
+        words = f"{words}: {spec['methods'][method]['open']}"
     return {"method": method, "partition": partition, "external": reference["external"]["repo"],
             "commit": reference["external"]["commit"], "algo": reference["external"]["algo"],
             "seeds": len(ours), "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best,

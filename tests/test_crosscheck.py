@@ -206,6 +206,13 @@ def test_table_only_rebuilds_the_table_from_the_curves_with_the_specs_notes_and_
     row, = json.loads((results / "table.json").read_text())
     assert (row["d_best"], row["d_final"], row["ok"]) == (1.0, 1.0, False)
     assert "| fedavg | pat |" in (results / "README.md").read_text() and "DIFFERS" in row["verdict"]
+    # what is known of an open difference shows after DIFFERS, and accepts nothing
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["methods"]["fedavg"]["open"] = "still open"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(common) == 0
+    row, = json.loads((results / "table.json").read_text())
+    assert row["verdict"] == "DIFFERS (beyond 0.5): still open" and not row["ok"]
     # a tolerance and note added to the spec show without rerunning anything
     spec = yaml.safe_load(spec_path.read_text())
     spec["methods"]["fedavg"].update(tolerance=1.5, note="a measured reason")
