@@ -11,7 +11,7 @@ reference:
     python -m bench.crosscheck --set ci              # the reduced set (``ci:`` in the spec, first partition)
     python -m bench.crosscheck --methods fedavg --write   # also rewrite results/crosscheck/ (curves, figures, table)
     python -m bench.crosscheck --table-only          # rebuild table.json + README.md from the committed curves
-    python -m bench.crosscheck --methods fedcac --seeds 0 1 2 3 4 --results results/crosscheck/repetitions --write
+    python -m bench.crosscheck --methods fedcac --seeds 0 1 2 3 4 --results <5-repetition folder> --write
                                                      # more seeds, in a folder of their own (the spread across seeds)
 
 A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy.
