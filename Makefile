@@ -18,7 +18,7 @@ TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basena
 SETUP_ONLY := fedcac-fig1a fedcac-fig1b fedcac-fig8
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci crosscheck-table efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -30,6 +30,7 @@ help:
 	@echo "make crosscheck  rerun our side of every cross-check against the committed reference curves of"
 	@echo "             independent implementations (results/crosscheck/); fails on a drift beyond tolerance"
 	@echo "make crosscheck-ci  the reduced set of conf/crosscheck.yaml's ci: (FedAvg and FedPer, pathological)"
+	@echo "make crosscheck-table  rebuild results/crosscheck/README.md + table.json from the committed curves"
 	@echo "make scale   seconds per round and peak memory vs clients (10 -> 10,000), model size, per-client state"
 	@echo "             in memory or in files -> results/bench/scale.md (about 15 CPU-minutes)"
 	@echo "make <paper>-<table>  one paper table or figure, e.g. make fedcac-table2 (alias: make table2);"
@@ -109,6 +110,10 @@ crosscheck: setup
 
 crosscheck-ci: setup
 	$(PY) -m bench.experiment.crosscheck --set ci
+
+# rebuild results/crosscheck/README.md + table.json from the committed curves (no training)
+crosscheck-table: setup
+	$(PY) -m bench.experiment.crosscheck --table-only
 
 clean-runs:
 	rm -rf runs cache results/demo/runs

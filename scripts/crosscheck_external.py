@@ -135,6 +135,16 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     return curves, extra, shown, time.time() - start
 
 
+def with_seeds(spec: dict[str, Any], seeds: Sequence[int] | None) -> dict[str, Any]:
+    """``spec`` with its seeds replaced by ``seeds`` (PFLlib's repetitions, so 0..n-1 only)."""
+    if not seeds:
+        return spec
+    if list(seeds) != list(range(len(seeds))):
+        raise SystemExit(f"error: --seeds {' '.join(map(str, seeds))} is invalid: PFLlib's repetitions are "
+                         f"0..n-1 in order (e.g. --seeds {' '.join(map(str, range(len(seeds))))})")
+    return {**spec, "setting": {**spec["setting"], "seeds": list(seeds)}}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkout", required=True, help="a git checkout of the external code (PFLlib)")
@@ -143,8 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter for the external code")
     parser.add_argument("--spec", default=str(SPEC))
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--seeds", nargs="+", type=int,
+                        help="repetitions instead of the spec's seeds: PFLlib's are 0..n-1 (its -t n, one after the "
+                             "other from torch.manual_seed(0)); write them to another --results folder")
     args = parser.parse_args(argv)
-    spec = load_spec(args.spec)
+    spec = with_seeds(load_spec(args.spec), args.seeds)
     checkout = Path(args.checkout).resolve()
     commit = git_commit(checkout)
     methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == "pfllib"]

@@ -29,6 +29,7 @@ from bench.experiment.crosscheck import (
     stats,
     verdict,
 )
+from bench.experiment.errors import ConfigError
 from bench.experiment.partition import export_pfllib, rebuild_partition
 from datasets.sources import SOURCES
 
@@ -171,3 +172,89 @@ def test_pfllib_command_runs_a_bn_method_through_the_launcher() -> None:
     bad = {**spec, "methods": {"fedbn": {**spec["methods"]["fedbn"], "external": {"algo": "FedBN", "norm": "gn"}}}}
     with pytest.raises(SystemExit, match="norm 'gn' is invalid"):
         ext.pfllib_command(bad, "fedbn", "py", "D")
+
+
+def test_stats_give_the_between_seed_spread() -> None:
+    s = stats({"0": [10.0, 50.0, 40.0], "1": [20.0, 30.0, 60.0], "2": [0.0, 0.0, 20.0]})
+    assert s.sd_best == pytest.approx(np.std([50.0, 60.0, 20.0], ddof=1))
+    assert s.sd_final == pytest.approx(np.std([40.0, 60.0, 20.0], ddof=1))
+    assert np.isnan(stats({"0": [1.0, 2.0]}).sd_best)
+
+
+def _table_files(tmp_path: Path, curves_ours: dict, curves_theirs: dict) -> Path:
+    results = tmp_path / "results"
+    (results / "fedavg").mkdir(parents=True)
+    (results / "fedavg" / "reference_pat.json").write_text(json.dumps(
+        {"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"}, "curves": curves_theirs}))
+    (results / "fedavg" / "ours_pat.json").write_text(json.dumps(
+        {"method": "fedavg", "partition": "pat", "curves": curves_ours}))
+    return results
+
+
+def test_table_only_rebuilds_the_table_from_the_curves_with_the_specs_notes_and_runs_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.experiment.crosscheck as crosscheck
+
+    def no_runs(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--table-only must not train")
+
+    monkeypatch.setattr(crosscheck, "run_ours", no_runs)
+    spec_path = _tiny_spec(tmp_path)
+    results = _table_files(tmp_path, {"0": [50.0, 61.0]}, {"0": [50.0, 60.0]})
+    common = ["--spec", str(spec_path), "--results", str(results), "--table-only"]
+    assert main(common) == 0
+    row, = json.loads((results / "table.json").read_text())
+    assert (row["d_best"], row["d_final"], row["ok"]) == (1.0, 1.0, False)
+    assert "| fedavg | pat |" in (results / "README.md").read_text() and "DIFFERS" in row["verdict"]
+    # what is known of an open difference shows after DIFFERS, and accepts nothing
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["methods"]["fedavg"]["open"] = "still open"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(common) == 0
+    row, = json.loads((results / "table.json").read_text())
+    assert row["verdict"] == "DIFFERS (beyond 0.5): still open" and not row["ok"]
+    # a tolerance and note added to the spec show without rerunning anything
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["methods"]["fedavg"].update(tolerance=1.5, note="a measured reason")
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(common) == 0
+    assert "explained (within 1.5): a measured reason" in (results / "README.md").read_text()
+    with pytest.raises(ConfigError, match="no curves of ours"):
+        main(["--spec", str(spec_path), "--results", str(tmp_path / "empty"), "--table-only"])
+
+
+def test_a_comparison_needs_as_many_seeds_on_both_sides(tmp_path: Path) -> None:
+    from bench.experiment.crosscheck import compare
+
+    spec = load_spec(_tiny_spec(tmp_path))
+    ref = {"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"}, "curves": {"0": [1.0], "1": [2.0]}}
+    with pytest.raises(ValueError, match="1 seed"):
+        compare(spec, "fedavg", "pat", {"0": [1.0]}, ref)
+    with pytest.raises(ConfigError, match="repeats a seed"):
+        main(["--spec", str(_tiny_spec(tmp_path)), "--seeds", "1", "1", "--table-only"])
+
+
+def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
+    ext = _script("crosscheck_external")
+    spec = load_spec()
+    assert ext.with_seeds(spec, None) is spec
+    five = ext.with_seeds(spec, [0, 1, 2, 3, 4])
+    assert five["setting"]["seeds"] == [0, 1, 2, 3, 4] and spec["setting"]["seeds"] == [0, 1]
+    cmd = ext.pfllib_command(five, "fedcac", "py", "D")
+    assert cmd[cmd.index("-t") + 1] == "5"
+    with pytest.raises(SystemExit, match="0..n-1"):
+        ext.with_seeds(spec, [2, 3])
+
+
+def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_difference() -> None:
+    spread = _script("crosscheck_seeds").spread
+    ours = {"0": [70.0, 80.0, 78.0], "1": [70.0, 76.0, 82.0], "2": [70.0, 84.0, 80.0]}
+    theirs = {"0": [70.0, 81.0, 79.0], "1": [70.0, 83.0, 81.0]}
+    s = spread(ours, theirs)
+    assert s["ours"]["best"]["mean"] == pytest.approx((80 + 82 + 84) / 3)
+    assert s["ours"]["final"]["sd"] == pytest.approx(np.std([78.0, 82.0, 80.0], ddof=1))
+    pooled = ((2 * np.var([80.0, 82.0, 84.0], ddof=1) + 1 * np.var([81.0, 83.0], ddof=1)) / 3) ** 0.5
+    assert s["delta"]["best"]["delta"] == pytest.approx(82.0 - 82.0)
+    assert s["delta"]["best"]["se"] == pytest.approx(pooled * (1 / 3 + 1 / 2) ** 0.5)
+    with pytest.raises(ValueError, match="two seeds"):
+        spread({"0": [1.0]}, theirs)

@@ -10,7 +10,11 @@ reference:
     python -m bench.experiment.crosscheck                       # every method with a reference; exit 1 on a drift
     python -m bench.experiment.crosscheck --set ci              # the reduced set (``ci:`` in the spec, first partition)
     python -m bench.experiment.crosscheck --methods fedavg --write   # also rewrite results/crosscheck/ (curves,
-    figures, table)
+                                                                     # figures, table)
+    python -m bench.experiment.crosscheck --table-only          # rebuild table.json + README.md from the committed
+                                                                # curves
+    python -m bench.experiment.crosscheck --methods fedcac --seeds 0 1 2 3 4 --results <5-repetition folder> --write
+                                                     # more seeds, in a folder of their own (the spread across seeds)
 
 A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,17 +98,30 @@ class Stats:
     best: float   # mean over seeds of each seed's best round
     final: float  # mean over seeds of the last round
     tail: float = float("nan")  # mean over seeds of the mean of the last TAIL rounds (less noisy than final)
+    # sample standard deviations over seeds of the same per-seed values (nan for one seed): the between-seed spread
+    sd_best: float = float("nan")
+    sd_final: float = float("nan")
+    sd_tail: float = float("nan")
 
 
 TAIL = 5
+
+
+def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
 def stats(curves: Mapping[str, Sequence[float]]) -> Stats:
     runs = list(curves.values())
     if not runs or any(len(c) == 0 for c in runs):
         raise ValueError("no learning curve to summarise")
-    return Stats(best=sum(max(c) for c in runs) / len(runs), final=sum(c[-1] for c in runs) / len(runs),
-                 tail=sum(sum(c[-TAIL:]) / len(c[-TAIL:]) for c in runs) / len(runs))
+    best, sd_best = _mean_sd([max(c) for c in runs])
+    final, sd_final = _mean_sd([c[-1] for c in runs])
+    tail, sd_tail = _mean_sd([sum(c[-TAIL:]) / len(c[-TAIL:]) for c in runs])
+    return Stats(best=best, final=final, tail=tail, sd_best=sd_best, sd_final=sd_final, sd_tail=sd_tail)
 
 
 def verdict(ours: Stats, theirs: Stats, tol: float, method_tol: float, note: str | None = None) -> tuple[bool, str]:
@@ -178,6 +196,10 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
             reference: Mapping[str, Any]) -> dict[str, Any]:
     """One row of the agreement table."""
     theirs = {str(k): v for k, v in reference["curves"].items()}
+    if len(theirs) != len(ours):
+        raise ValueError(f"{method}/{partition}: {len(ours)} seed(s) of ours against {len(theirs)} repetition(s) in "
+                         "the reference: compare as many on both sides (--seeds, or rerun "
+                         "scripts/crosscheck_external.py with the same seeds)")
     lengths = {len(c) for c in [*ours.values(), *theirs.values()]}
     if len(lengths) != 1:
         raise ValueError(f"{method}/{partition}: curves of different lengths {sorted(lengths)}: the reference was "
@@ -185,11 +207,24 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
     o, t = stats(ours), stats(theirs)
     tol = tolerance(spec, method)
     ok, words = verdict(o, t, float(spec["tolerance"]), tol, spec["methods"][method].get("note"))
+    if not ok and spec["methods"][method].get("open"):  # what is known of a difference not explained yet
+        words = f"{words}: {spec['methods'][method]['open']}"
     return {"method": method, "partition": partition, "external": reference["external"]["repo"],
             "commit": reference["external"]["commit"], "algo": reference["external"]["algo"],
-            "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best, "theirs_final": t.final,
+            "seeds": len(ours), "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best,
+            "theirs_final": t.final, "ours_tail": o.tail, "theirs_tail": t.tail,
             "d_best": o.best - t.best, "d_final": o.final - t.final, "d_tail": o.tail - t.tail,
+            "sd": {side: {k: None if math.isnan(v) else v for k, v in
+                          (("best", x.sd_best), ("final", x.sd_final), ("tail", x.sd_tail))}
+                   for side, x in (("ours", o), ("theirs", t))},  # None: one seed, no spread
             "tolerance": tol, "ok": ok, "verdict": words}
+
+
+def _spread(row: Mapping[str, Any]) -> str:
+    sd = row.get("sd")
+    if not sd or sd["ours"]["best"] is None:
+        return "–"
+    return "; ".join(f"{sd[side]['best']:.2f} / {sd[side]['final']:.2f}" for side in ("theirs", "ours"))
 
 
 def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
@@ -208,18 +243,21 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
         "Metric: test accuracy pooled over all clients' test samples (weighted by test size), of the model each "
         "client holds after the round's aggregation; best = mean over seeds of each seed's best round, final = "
         f"mean over seeds of the last round, last {TAIL} = mean over seeds of the last {TAIL} rounds' mean (shown, "
-        "not part of the verdict). Δ = ours − theirs, in points. Verdict: agree when both |Δ best| and |Δ final| "
-        "are within the common tolerance; else explained (the method's note, within its own tolerance); else differs.",
+        "not part of the verdict); seed sd = the sample standard deviation over seeds of each seed's best / final "
+        "accuracy, theirs and ours (the between-seed spread). Δ = ours − theirs, in points. Verdict: agree when "
+        "both |Δ best| and |Δ final| are within the common tolerance; else explained (the method's note, within its "
+        "own tolerance); else differs.",
         "",
         "| method | partition | external code (commit) | theirs best / final | ours best / final | Δ best | "
-        "Δ final | Δ last 5 | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Δ final | Δ last 5 | seed sd best / final: theirs; ours | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['partition']} | {r['external']} `{r['algo']}` ({r['commit'][:10]}) | "
             f"{r['theirs_best']:.2f} / {r['theirs_final']:.2f} | {r['ours_best']:.2f} / {r['ours_final']:.2f} | "
-            f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r.get('d_tail', float('nan')):+.2f} | {r['verdict']} |")
+            f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r.get('d_tail', float('nan')):+.2f} | {_spread(r)} | "
+            f"{r['verdict']} |")
     done = {(r["method"], r["partition"]) for r in rows}
     pending = [f"{m}/{p}" for m in spec["methods"] for p in method_partitions(spec, m) if (m, p) not in done]
     if pending:
@@ -233,7 +271,8 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
         lines += ["", "Not cross-checked yet: " + "; ".join(f"{m} ({why})" for m, why in unchecked.items()) + "."]
     lines += ["", "Figures: `results/crosscheck/figures/<method>-<partition>.png` (both sides' learning curves per "
               "seed); "
-              "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`."]
+              "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`; our side "
+              "with more seeds, where two could not tell a difference from noise: `seeds_<partition>.json`."]
     return "\n".join(lines) + "\n"
 
 
@@ -265,6 +304,36 @@ def select(spec: Mapping[str, Any], methods: Sequence[str] | None, which: str, r
     return have
 
 
+def write_outputs(spec: Mapping[str, Any], results: Path, rows: Sequence[Mapping[str, Any]],
+                  curves: Mapping[tuple[str, str], Mapping[str, Sequence[float]]] | None = None
+                  ) -> list[dict[str, Any]]:
+    """Write our curves and figures for the freshly run cells (``curves``), then rebuild ``table.json`` and
+    ``README.md`` from every ``<method>/ours_<partition>.json`` under ``results`` that has a reference: the fresh
+    rows as given, the others compared again from their files (so a changed tolerance or note shows). The rows."""
+    seeds = [int(s) for s in spec["setting"]["seeds"]]
+    for (m, p), ours in (curves or {}).items():
+        (results / m).mkdir(parents=True, exist_ok=True)
+        (results / m / f"ours_{p}.json").write_text(json.dumps(
+            {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, seeds[0])[:-1],
+             "seeds": seeds, "metric": "weighted_acc, stage post, every round", "curves": ours}, indent=1) + "\n")
+        ref = load_reference(results, m, p)
+        figure(results / "figures" / f"{m}-{p}.png", m, p, ours, ref["curves"], ref["external"]["repo"])
+    fresh = {(r["method"], r["partition"]): r for r in rows}
+    all_rows = []
+    for f in sorted(results.glob("*/ours_*.json")):
+        o = json.loads(f.read_text())
+        key = (o["method"], o["partition"])
+        if key in fresh:
+            all_rows.append(dict(fresh[key]))
+        elif o["method"] in spec["methods"] and reference_path(results, *key).is_file():
+            all_rows.append(compare(spec, *key, o["curves"], load_reference(results, *key)))
+    order = {m: i for i, m in enumerate(spec["methods"])}
+    all_rows.sort(key=lambda r: (order.get(r["method"], 999), r["partition"]))
+    (results / "table.json").write_text(json.dumps(all_rows, indent=1) + "\n")
+    (results / "README.md").write_text(table_markdown(spec, all_rows))
+    return all_rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", default=str(SPEC))
@@ -272,48 +341,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", help="default: every method with a reference")
     parser.add_argument("--partitions", nargs="+")
     parser.add_argument("--set", choices=("all", "ci"), default="all", help="ci: the spec's reduced set")
+    parser.add_argument("--seeds", nargs="+", type=int,
+                        help="our seeds instead of the spec's (the references under --results must have as many)")
     parser.add_argument("--out-dir", help="our runs' folder (default: a fresh temporary one, removed after)")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--write", action="store_true", help="write our curves, figures and the table to --results")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: rebuild table.json and README.md under --results from the curves there "
+                             "(ours_*.json, reference_*.json) and the spec's tolerances and notes")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides for every one of our runs (tests)")
     args = parser.parse_args(argv)
     with config_phase():
         spec = load_spec(args.spec)
+        if args.seeds:
+            if len(set(args.seeds)) != len(args.seeds):
+                raise ValueError(f"--seeds {args.seeds} repeats a seed: give each seed once")
+            spec = {**spec, "setting": {**spec["setting"], "seeds": list(args.seeds)}}
         results = Path(args.results)
-        cells = select(spec, args.methods, args.set, results, args.partitions)
-        refs = {(m, p): load_reference(results, m, p) for m, p in cells}
+        if args.table_only:
+            if not sorted(results.glob("*/ours_*.json")):
+                raise FileNotFoundError(f"no curves of ours (<method>/ours_<partition>.json) under {results}: "
+                                        "run with --write first")
+        else:
+            cells = select(spec, args.methods, args.set, results, args.partitions)
+            refs = {(m, p): load_reference(results, m, p) for m, p in cells}
+    if args.table_only:
+        rows = write_outputs(spec, results, [])
+        print(f"wrote {results / 'table.json'} and {results / 'README.md'}: {len(rows)} row(s)")
+        return 0
     seeds = [int(s) for s in spec["setting"]["seeds"]]
     jobs = [(m, p, s) for m, p in cells for s in seeds]
     with tempfile.TemporaryDirectory(prefix="crosscheck-") as tmp:
         curves = run_ours(spec, jobs, Path(args.out_dir or tmp), args.workers, args.extra)
-    rows = []
+    rows, ours_curves = [], {}
     for m, p in cells:
         ours = {str(s): curves[(m, p, s)] for s in seeds}
+        ours_curves[(m, p)] = ours
         row = compare(spec, m, p, ours, refs[(m, p)])
         rows.append(row)
         print(f"{m:10s} {p:6s} ours {row['ours_best']:6.2f}/{row['ours_final']:6.2f}  theirs "
               f"{row['theirs_best']:6.2f}/{row['theirs_final']:6.2f}  Δ {row['d_best']:+.2f}/{row['d_final']:+.2f}  "
               f"{row['verdict']}")
-        if args.write:
-            (results / m).mkdir(parents=True, exist_ok=True)
-            (results / m / f"ours_{p}.json").write_text(json.dumps(
-                {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, seeds[0])[:-1],
-                 "seeds": seeds, "metric": "weighted_acc, stage post, every round", "curves": ours}, indent=1) + "\n")
-            ref = refs[(m, p)]
-            figure(results / "figures" / f"{m}-{p}.png", m, p, ours, ref["curves"], ref["external"]["repo"])
     if args.write:
-        written = [json.loads(f.read_text()) for f in sorted(results.glob("*/ours_*.json"))]
-        all_rows = []
-        for o in written:
-            key = (o["method"], o["partition"])
-            if key in refs:
-                all_rows.append(next(r for r in rows if (r["method"], r["partition"]) == key))
-            elif o["method"] in spec["methods"] and reference_path(results, *key).is_file():
-                all_rows.append(compare(spec, *key, o["curves"], load_reference(results, *key)))
-        order = {m: i for i, m in enumerate(spec["methods"])}
-        all_rows.sort(key=lambda r: (order.get(r["method"], 999), r["partition"]))
-        (results / "table.json").write_text(json.dumps(all_rows, indent=1) + "\n")
-        (results / "README.md").write_text(table_markdown(spec, all_rows))
+        write_outputs(spec, results, rows, ours_curves)
     drifted = [r for r in rows if not r["ok"]]
     if drifted:
         print("crosscheck FAILED: " + ", ".join(f"{r['method']}/{r['partition']}" for r in drifted)

@@ -1,0 +1,95 @@
+"""Our side of one cross-check with more seeds than the table's, to tell a difference from seed noise.
+
+    python scripts/crosscheck_seeds.py --method fedbn --seeds 2 3 [--partition pat] [--out-dir /tmp/runs]
+
+Runs our side (the overrides of ``bench.experiment.crosscheck``) for the extra seeds, adds the table's seeds from
+``results/crosscheck/<method>/ours_<partition>.json`` (runs are deterministic, so those are not run again), and
+writes ``results/crosscheck/<method>/seeds_<partition>.json``: every seed's curve, each side's per-seed best / final /
+last-5 accuracy with their mean and between-seed standard deviation, and per quantity Δ = ours − theirs with the
+standard error of that difference (pooled standard deviation of both sides' seeds). Theirs stays the committed
+reference's repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.experiment.crosscheck import RESULTS, SPEC, TAIL, load_reference, load_spec, our_overrides, run_ours  # noqa: E402
+
+QUANTITIES = ("best", "final", f"last{TAIL}")
+
+
+def per_seed(curve: Sequence[float]) -> dict[str, float]:
+    return dict(zip(QUANTITIES, (max(curve), curve[-1], sum(curve[-TAIL:]) / len(curve[-TAIL:])), strict=True))
+
+
+def spread(ours: Mapping[str, Sequence[float]], theirs: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Each side's per-seed values, mean and sd; per quantity Δ = ours − theirs and its standard error."""
+    sides = {"ours": ours, "theirs": theirs}
+    if any(len(c) < 2 for c in sides.values()):
+        raise ValueError("a spread needs at least two seeds on each side")
+    out: dict[str, Any] = {}
+    for side, curves in sides.items():
+        values = {s: per_seed(c) for s, c in curves.items()}
+        out[side] = {"per_seed": values, **{q: {"mean": statistics.mean(v[q] for v in values.values()),
+                                                "sd": statistics.stdev(v[q] for v in values.values())}
+                                            for q in QUANTITIES}}
+    n_o, n_t = len(ours), len(theirs)
+    out["delta"] = {}
+    for q in QUANTITIES:
+        o, t = out["ours"][q], out["theirs"][q]
+        pooled = (((n_o - 1) * o["sd"] ** 2 + (n_t - 1) * t["sd"] ** 2) / (n_o + n_t - 2)) ** 0.5
+        out["delta"][q] = {"delta": o["mean"] - t["mean"], "pooled_sd": pooled,
+                           "se": pooled * (1 / n_o + 1 / n_t) ** 0.5}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", required=True)
+    parser.add_argument("--seeds", nargs="+", type=int, required=True, help="seeds beyond the table's")
+    parser.add_argument("--partition", default="pat")
+    parser.add_argument("--spec", default=str(SPEC))
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--out-dir", help="our runs' folder (default: a temporary one)")
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec)
+    results = Path(args.results)
+    m, p = args.method, args.partition
+    table = json.loads((results / m / f"ours_{p}.json").read_text())["curves"]
+    theirs = load_reference(results, m, p)["curves"]
+    clash = sorted(set(map(str, args.seeds)) & set(table))
+    if clash:
+        raise SystemExit(f"error: seed(s) {', '.join(clash)} are the table's already: give other --seeds")
+    with tempfile.TemporaryDirectory(prefix="crosscheck-seeds-") as tmp:
+        jobs = [(m, p, s) for s in args.seeds]
+        new = run_ours(spec, jobs, Path(args.out_dir or tmp), 1)
+    curves = {**table, **{str(s): new[(m, p, s)] for s in args.seeds}}
+    curves = {s: curves[s] for s in sorted(curves, key=int)}
+    doc = {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, 0)[:-1],
+           "seeds": [int(s) for s in curves], "table_seeds": [int(s) for s in table],
+           "metric": "weighted_acc, stage post, every round; theirs: the committed reference's repetitions",
+           "command": f"python scripts/crosscheck_seeds.py --method {m} --partition {p} --seeds "
+                      + " ".join(map(str, args.seeds)),
+           "curves": curves, **spread(curves, theirs)}
+    out = results / m / f"seeds_{p}.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for q, d in doc["delta"].items():
+        print(f"{m} {p} {q}: ours {doc['ours'][q]['mean']:.2f} (sd {doc['ours'][q]['sd']:.2f}, {len(curves)} seeds) "
+              f"theirs {doc['theirs'][q]['mean']:.2f} (sd {doc['theirs'][q]['sd']:.2f}, {len(theirs)})  "
+              f"Δ {d['delta']:+.2f} (se {d['se']:.2f})")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
