@@ -34,10 +34,10 @@ Variants beside the methods themselves: ``flanc (factored)`` runs the same FLANC
 the weight first (our implementation; the same function); ``pfedgate (D.4)`` is the paper's App. D.4 accounting
 (cost of the width-sqrt(r) plain model + the gating overhead = cost of pFedGate's model at sparsity 1 minus the
 plain full model), while ``pfedgate`` is the model as implemented (zero-masked dense full model plus the gate).
-Pa3dFL's client trains its decomposed model (every body layer's weight composed from the general U and the personal
-V, then one convolution; ``pa3dfl (cheaper)``: each layer in the cheaper of that and the factored order, a 1x1
-convolution with V then a grouped convolution with U, the same map; the local head in the forward pass, the fixed
-global head counted in the model size); its server hypernetwork, which generates V, is reported separately
+Pa3dFL's client trains its decomposed model (each body layer in the cheaper of two orders of the same map: its
+weight composed from the general U and the personal V, then one convolution, or a 1x1 convolution with V then a
+grouped convolution with U; ``pa3dfl (recover)``: every layer composed first; the local head in the forward pass,
+the fixed global head counted in the model size); its server hypernetwork, which generates V, is reported separately
 (``server_mb``), as pFedHN's is. pFedHN has no row in the paper; its client trains the target network.
 
 CLI: ``python -m scripts.pa3dfl.efficiency --out results/pa3dfl [--batch-sizes ...] [--methods ...]`` writes
@@ -111,7 +111,7 @@ FULL_WIDTH_ONLY = frozenset({"fedavg"})
 #: methods of the paper's comparison that are not measured (their rows carry the paper's numbers only); none now
 NOT_BUILT: frozenset[str] = frozenset()
 #: measured variants of a method besides the method as implemented ("" = as implemented)
-VARIANTS: dict[str, tuple[str, ...]] = {"flanc": ("", "factored"), "pfedgate": ("", "D.4"), "pa3dfl": ("", "cheaper")}
+VARIANTS: dict[str, tuple[str, ...]] = {"flanc": ("", "factored"), "pfedgate": ("", "D.4"), "pa3dfl": ("", "recover")}
 METRICS = ("flops", "peak_memory_mb", "model_size_mb")
 #: the ``train`` keys the header's optimizer line shows, in this order (also when read back from the sorted JSON)
 OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "grad_clip")
@@ -539,7 +539,7 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
             client.prepare()
             for b in opts.batch_sizes:
                 with (factored_flanc(client.module) if variant == "factored" else
-                      pa3dfl_order(client.module, variant) if variant == "cheaper" else contextlib.nullcontext()):
+                      pa3dfl_order(client.module, variant) if variant == "recover" else contextlib.nullcontext()):
                     m = measure(client.module, b, **kw)
                 row = {**base_row(name, variant, b, client.ratio), "width": client.width, "sparsity": client.sparsity}
                 row = with_measurement(row, m)
@@ -554,9 +554,8 @@ def measure_method(name: str, opts: Options, log: Callable[[str], None] = lambda
                     row["note"] = "as implemented: zero-masked dense full model + gating layer (sparsity = r)"
                 if variant == "factored":
                     row["note"] = "same layers run as basis grouped conv + 1x1 coefficient conv (authors' FLGo form)"
-                if variant == "cheaper":
-                    row["note"] = ("same layers, each in the order with fewer multiply-adds: W = U V then the layer, "
-                                   "or a 1x1 conv with V then a grouped conv with U (method.layer_order=cheaper)")
+                if variant == "recover":
+                    row["note"] = "same layers, each computed as W = U V then the layer (method.layer_order=recover)"
                 rows.append(row)
                 log(f"{row['row']:<20} B={b:<4} r={row['size_ratio']:<6} {m.gflops_train_step:9.3f} GFLOPs "
                     f"{m.peak_memory_mb:9.1f} MB peak {m.model_size_mb:8.2f} MB model ({m.seconds:.1f} s)")
@@ -812,17 +811,16 @@ NOTES = (
     "Pa3dFL is not measured yet (scripts.pa3dfl.efficiency.NOT_BUILT): its rows carry the paper's numbers only."
     if "pa3dfl" in NOT_BUILT else
     "pa3dfl = Pa3dFL's client model: every body layer decomposed into U [R1, k^2, R2] (general) and V [T/R1, S, R2] "
-    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and R2 = R1 k^2 capped at the "
-    "layer's rank bound (T/R1) S, at width sqrt(r); U "
-    "is never pruned (Eq. 10), so every client holds each layer's full U; "
-    "each weight is composed from U V (an einsum, counted) and then applied as one convolution (method.layer_order="
-    "recover, the runs' default; App. A's 'parameter recovery'); pa3dfl (cheaper) = the same layers, each in the "
-    "order with fewer multiply-adds for its input (method.layer_order=cheaper): composed, or factored (a 1x1 "
-    "convolution with V, then a grouped convolution with U), which layer4 takes at 32x32, where recovering W costs "
-    "R2 / (B H W) = 2.25 times the convolution (Eq. 16). With R2 = R1 k^2 neither order is cheaper than 1.56x the "
-    "dense layer in layer4, so about 1.25x FedAvg's FLOPs at r = 1 remains against the paper's 1.02x, which no "
-    "honest count of its rule on this model reaches (its own Table 2 sizes, 0.94x FedAvg's at r = 1 and 1.12x "
-    "p-width's at r = 1/4, put R2 near R1 k^2). The step trains the "
+    "(personal) with R1 = T/16 (p_min of the Hetero setting, method.rank_width) and conv R2 = round(0.75 R1 k^2) "
+    "(method.rank_scale, App. A's 'hyperparameter to scale R2 of convolution layers') capped at the layer's rank "
+    "bound (T/R1) S, at width sqrt(r); U is never pruned (Eq. 10), so every client holds each layer's full U; "
+    "each layer runs in the order with fewer multiply-adds for its input (method.layer_order=cheaper, the runs' "
+    "default): W composed from U V (an einsum, counted), then one convolution (App. A's 'parameter recovery'), or "
+    "factored (a 1x1 convolution with V, then a grouped convolution with U), which layer4 takes at 32x32, where "
+    "recovering W costs R2 / (B H W) = 1.69 times the convolution (Eq. 16); pa3dfl (recover) = the same layers, "
+    "each composed first (method.layer_order=recover). rank_scale 0.75 is the largest of 0.5-1 in steps of 1/8 "
+    "that keeps the r = 1 step within 1.15x FedAvg's FLOPs (the paper's 1.02x; its Table 2 sizes, 0.94x FedAvg's "
+    "at r = 1 and 1.12x p-width's at r = 1/4, put R2 nearer R1 k^2: our model is smaller). The step trains the "
     "local head (the global head is fixed, so only its size counts). Its server hypernetwork (conf/method/pa3dfl.yaml: "
     "embedding 64, hidden 64, 3 encoder layers; one decoder Linear(hidden, |V_l|) per layer) is in server_mb; its "
     "cost per round is Table 9 (scripts/pa3dfl/hn_cost.py).",

@@ -480,19 +480,21 @@ FIG4_WIDTHS = tuple(k / 16 for k in range(1, 17))
 FIG4_P_MINS = (1 / 16, 1 / 8, 1 / 4)
 #: p_min of the rank_scale sweep: the weakest width of Table 1's Hetero columns at paper scale (r_i ~ U[0.01, 1])
 FIG4_P_MIN = 1 / 8
-#: conv R2 = round(rank_scale R1 k^2), capped at (T/R1) S; linear layers keep R2 = R1 whatever rank_scale is
-FIG4_RANK_SCALES = (0.25, 0.5, 1.0, 2.0)
+#: conv R2 = round(rank_scale R1 k^2), capped at (T/R1) S; linear layers keep R2 = R1 whatever rank_scale is; 0.75 is
+#: conf/method/pa3dfl.yaml's default (the runs' rule), 1 the reconstructed Eq. 14 of the first two panels
+FIG4_RANK_SCALES = (0.25, 0.5, 0.75, 1.0, 2.0)
 
 
-def pa3dfl_hyper(p_min: float, rank_scale: float = 1.0) -> Any:
-    """Pa3dFL's defaults (conf/method/pa3dfl.yaml) with R1 = ``p_min`` T and conv R2 scaled by ``rank_scale``."""
+def pa3dfl_hyper(p_min: float, rank_scale: float | None = 1.0) -> Any:
+    """Pa3dFL's defaults (conf/method/pa3dfl.yaml) with R1 = ``p_min`` T and conv R2 scaled by ``rank_scale`` (None:
+    the file's)."""
     import yaml
 
     from methods.pa3dfl import Pa3dFLHyper
 
     values = yaml.safe_load(METHOD_CONF.read_text())
     values = {k: v for k, v in values.items() if k not in ("name", "federation")}
-    return Pa3dFLHyper(**{**values, "rank_width": p_min, "rank_scale": rank_scale})
+    return Pa3dFLHyper(**{**values, "rank_width": p_min, **({} if rank_scale is None else {"rank_scale": rank_scale})})
 
 
 class Probe(nn.Module):
@@ -587,7 +589,9 @@ def draw_fig4(data: Sequence[Mapping[str, Any]], path: Path) -> list[Path]:
                 curves = [(m, 1.0, f"Pa3dFL, p_min = {fraction(m)}") for m in FIG4_P_MINS]
                 title = f"{op.name}, R1 = p_min T, {'R2 = R1' if op.kernel is None else 'R2 = R1 k^2 (capped)'}"
             else:
-                curves = [(FIG4_P_MIN, s, f"R2 = {s:g} R1 k^2 (capped)") for s in FIG4_RANK_SCALES]
+                default = pa3dfl_hyper(FIG4_P_MIN, None).rank_scale
+                curves = [(FIG4_P_MIN, s, f"R2 = {s:g} R1 k^2 (capped)" + (", runs' default" if s == default else ""))
+                          for s in FIG4_RANK_SCALES]
                 title = f"{op.name}, p_min = {fraction(FIG4_P_MIN)}, R2 varied"
             for i, (low, scale, name) in enumerate(curves):
                 pts = [d for d in rows if d["p_min"] == low and d["rank_scale"] == scale]
