@@ -204,19 +204,23 @@ def nested_command(spec: Mapping[str, Any], method: str, partition: str, python:
 
 def run_nested(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
                data_name: str) -> tuple[dict[str, list[float]], dict[str, Any], list[str], float]:
-    """Run the official HeteroFL / FedRolex code once per seed through the launcher; per seed, accuracy per round."""
+    """Run the official HeteroFL / FedRolex code once per seed through the launcher (the seeds at the same time, one
+    thread each); per seed, accuracy per round."""
     ext = spec["methods"][method]["external"]
     cwd = checkout / CODE_DIRS[ext["code"]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     curves, extra, shown = {}, {}, []
     start = time.time()
+    runs = []
     for seed in spec["setting"]["seeds"]:
         out = cwd / f"crosscheck_{method}_{partition}_s{seed}.json"
         cmd = nested_command(spec, method, partition, python, checkout / "dataset" / data_name, int(seed), out)
         log = cwd / f"crosscheck_{method}_{partition}_s{seed}.log"
         with open(log, "w") as f:
-            proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env)
-        if proc.returncode != 0:
+            runs.append((seed, out, cmd, log, subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                                               env=env)))
+    for seed, out, cmd, log, proc in runs:
+        if proc.wait() != 0:
             raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
         result = json.loads(out.read_text())
         curves[str(seed)] = result["curve"]

@@ -183,7 +183,7 @@ def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_an
         widths = [float(w) for w in cmd[cmd.index("--widths") + 1:cmd.index("--channels")]]
         assert widths == ext.client_widths(ext.our_config(spec, method, "pat"))
         assert len(widths) == s["num_clients"] and len(set(widths)) > 2 and max(widths) == 1.0
-        assert cmd[cmd.index("--channels") + 1:cmd.index("--rounds")] == ["32", "64", "128"]
+        assert cmd[cmd.index("--channels") + 1:cmd.index("--rounds")] == ["16", "32", "64"]
         assert [cmd[cmd.index(k) + 1] for k in ("--rounds", "--lr", "--batch-size", "--epochs", "--seed")] == [
             str(s["rounds"]), str(s["lr"]), str(s["batch_size"]), str(s["epochs"]), "1"]
     fedrolex = spec["methods"]["fedrolex"]
