@@ -2,6 +2,8 @@
 
     python scripts/crosscheck_external.py --checkout /tmp/PFLlib --methods fedavg fedper [--partitions pat] \
         [--python /tmp/pflvenv/bin/python]
+    python scripts/crosscheck_external.py --code heterofl --checkout /tmp/HeteroFL --methods heterofl
+    python scripts/crosscheck_external.py --code fedrolex --checkout /tmp/FedRolex --methods fedrolex
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.experiment.partition.export_pfllib``), runs the external code
@@ -11,7 +13,13 @@ CPU, one repetition per seed; a method whose ``external`` says ``norm: bn`` runs
 it saves, and writes
 ``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
 exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
-h5py, calmsize); ``--python`` names the interpreter that has them.
+h5py, calmsize; HeteroFL and FedRolex: torch, torchvision, numpy, PyYAML, anytree, tensorboard); ``--python`` names
+the interpreter that has them.
+
+``--code heterofl`` / ``--code fedrolex`` run the official HeteroFL / FedRolex code (a checkout of it) through
+``scripts/crosscheck_heterofl.py``, one run per seed, on the same export, with the clients' widths, the conv
+widths and the training settings read from our run's config (``nested_command``, which refuses a config of ours
+that is not their algorithm).
 """
 
 from __future__ import annotations
@@ -32,22 +40,40 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.core.capacity import WidthRule, client_capacities, shared_width_rule  # noqa: E402
 from bench.experiment.compose import compose_config, to_container  # noqa: E402
-from bench.experiment.crosscheck import RESULTS, SPEC, load_spec, method_partitions, setting_overrides  # noqa: E402
+from bench.experiment.crosscheck import (  # noqa: E402
+    RESULTS,
+    SPEC,
+    load_spec,
+    method_partitions,
+    our_overrides,
+    setting_overrides,
+)
 from bench.experiment.partition import export_pfllib  # noqa: E402
 
 BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
+NESTED_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_heterofl.py"
+#: external code -> the folder of the checkout its code lives in (and runs from)
+CODE_DIRS = {"pfllib": "system", "heterofl": "src", "fedrolex": "."}
+#: what our side must set for the official HeteroFL / FedRolex code to be the same algorithm: its gradient clipping
+#: (train_classifier_fed.py and resnet_client.py: clip_grad_norm_(..., 1)), its BatchNorm handling (HeteroFL's sBN:
+#: train_classifier_fed.py stats(); FedRolex's main_resnet.py evaluates models that track no statistics: batch
+#: statistics) and its scaler
+NESTED_NEEDS = {"heterofl": {"train.grad_clip": 1.0, "method.static_bn": "sbn", "method.scaler": True},
+                "fedrolex": {"train.grad_clip": 1.0, "method.static_bn": "batch", "method.scaler": True}}
 
 
-def git_commit(checkout: Path) -> str:
+def git_commit(checkout: Path, code: str = "pfllib") -> str:
     out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"error: {checkout} is not a git checkout (need its commit for the reference)")
     # only the code counts: a snapshot may lack the large data files PFLlib commits under dataset/
     dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no", "--",
-                            "system"], capture_output=True, text=True).stdout.strip()
+                            CODE_DIRS[code]], capture_output=True, text=True).stdout.strip()
     if dirty:
-        raise SystemExit(f"error: {checkout}/system has local changes; the external code must run unmodified")
+        raise SystemExit(f"error: {checkout}/{CODE_DIRS[code]} has local changes; the external code must run "
+                         "unmodified")
     return out.stdout.strip()
 
 
@@ -145,10 +171,84 @@ def with_seeds(spec: dict[str, Any], seeds: Sequence[int] | None) -> dict[str, A
     return {**spec, "setting": {**spec["setting"], "seeds": list(seeds)}}
 
 
+def our_config(spec: Mapping[str, Any], method: str, partition: str) -> dict[str, Any]:
+    return to_container(compose_config(our_overrides(spec, method, partition, int(spec["setting"]["seeds"][0]))))
+
+
+def client_widths(conf: Mapping[str, Any]) -> list[float]:
+    """p_i per client of our run ``conf`` (as ``Federation.client_widths`` gives them)."""
+    capacities = client_capacities(conf.get("capacity"), int(conf["num_clients"]), int(conf["data_seed"]))
+    rule = shared_width_rule(conf.get("capacity")) or WidthRule(conf["method"]["width_rule"],
+                                                                conf["method"]["width_step"])
+    return rule.widths(capacities)
+
+
+def _get(conf: Mapping[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        conf = conf[key]
+    return conf
+
+
+def nested_command(spec: Mapping[str, Any], method: str, partition: str, python: str, data: Path, seed: int,
+                   out: Path) -> list[str]:
+    """The launcher's command line for the official HeteroFL / FedRolex code, from our run's config: the same
+    widths per client, conv widths, rounds, lr, batch size and local epochs; refuses a config of ours that is not
+    their algorithm (``NESTED_NEEDS``, the model, label masking)."""
+    s = spec["setting"]
+    ext = spec["methods"][method]["external"]
+    conf = our_config(spec, method, partition)
+    model = conf["model"]
+    if model["name"] != "cnn_heterofl" or model["options"]["norm"] != "bn" or float(model["width"]) != 1.0:
+        raise SystemExit(f"error: {method}: the official code's Conv is our cnn_heterofl with norm bn at width 1, not "
+                         f"{model['name']} {model['options']}: set the method's `model:` in conf/crosscheck.yaml")
+    needs = {**NESTED_NEEDS[ext["code"]], "method.label_mask": bool(ext.get("mask", True))}
+    wrong = [f"{k}={_get(conf, k)!r} (theirs: {v!r})" for k, v in needs.items() if _get(conf, k) != v]
+    if wrong:
+        raise SystemExit(f"error: {method}: our side differs from the official code: {', '.join(wrong)}")
+    return [python, "-u", str(NESTED_LAUNCHER), "--code", ext["code"], "--data", str(data),
+            "--widths", *[f"{w:g}" for w in client_widths(conf)],
+            "--channels", *[str(int(c)) for c in model["options"]["channels"]], "--rounds", str(s["rounds"]),
+            "--lr", str(s["lr"]), "--batch-size", str(s["batch_size"]), "--epochs", str(s["epochs"]),
+            "--seed", str(seed), "--mask", str(int(bool(ext.get("mask", True)))), "--out", str(out)]
+
+
+def run_nested(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+               data_name: str) -> tuple[dict[str, list[float]], dict[str, Any], list[str], float]:
+    """Run the official HeteroFL / FedRolex code once per seed through the launcher (the seeds at the same time, one
+    thread each); per seed, accuracy per round."""
+    ext = spec["methods"][method]["external"]
+    cwd = checkout / CODE_DIRS[ext["code"]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    curves, extra, shown = {}, {}, []
+    start = time.time()
+    runs = []
+    for seed in spec["setting"]["seeds"]:
+        out = cwd / f"crosscheck_{method}_{partition}_s{seed}.json"
+        cmd = nested_command(spec, method, partition, python, checkout / "dataset" / data_name, int(seed), out)
+        log = cwd / f"crosscheck_{method}_{partition}_s{seed}.log"
+        with open(log, "w") as f:
+            runs.append((seed, out, cmd, log, subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                                               env=env)))
+    for seed, out, cmd, log, proc in runs:
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        result = json.loads(out.read_text())
+        curves[str(seed)] = result["curve"]
+        extra[str(seed)] = result["their_metrics"]
+        shown = ["<pflrepro>/scripts/" + NESTED_LAUNCHER.name if c == str(NESTED_LAUNCHER) else
+                 "<checkout>/dataset/" + data_name if c == str(checkout / "dataset" / data_name) else
+                 "<seed>" if c == str(seed) and cmd[i - 1] == "--seed" else
+                 f"crosscheck_{method}_{partition}_s<seed>.json" if c == str(out) else c
+                 for i, c in enumerate(cmd)][1:]
+    return curves, extra, shown, time.time() - start
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", required=True, help="a git checkout of the external code (PFLlib)")
-    parser.add_argument("--methods", nargs="+", help="default: every method whose external code is PFLlib")
+    parser.add_argument("--checkout", required=True, help="a git checkout of the external code (see --code)")
+    parser.add_argument("--code", default="pfllib", choices=sorted(CODE_DIRS),
+                        help="which external code the checkout holds (conf/crosscheck.yaml's external.code)")
+    parser.add_argument("--methods", nargs="+", help="default: every method whose external code is --code")
     parser.add_argument("--partitions", nargs="+")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for the external code")
     parser.add_argument("--spec", default=str(SPEC))
@@ -159,34 +259,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = with_seeds(load_spec(args.spec), args.seeds)
     checkout = Path(args.checkout).resolve()
-    commit = git_commit(checkout)
-    methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == "pfllib"]
+    commit = git_commit(checkout, args.code)
+    methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == args.code]
     exported: dict[str, str] = {}
     for method in methods:
         if method not in spec["methods"]:
             raise SystemExit(f"error: unknown method {method!r}; conf/crosscheck.yaml has {', '.join(spec['methods'])}")
         ext = spec["methods"][method]["external"]
-        if ext["code"] != "pfllib":
-            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}; this script runs PFLlib only")
+        if ext["code"] != args.code:
+            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}, not --code {args.code}")
         for partition in method_partitions(spec, method):
             if args.partitions and partition not in args.partitions:
                 continue
             if partition not in exported:
                 exported[partition] = export_split(spec, partition, checkout)
-            curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
-                                                     exported[partition])
+            if args.code == "pfllib":
+                curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
+                                                         exported[partition])
+                about = {**({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
+                            if ext.get("norm", "none") == "bn" else {}),
+                         "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
+                         "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at "
+                                      "start)",
+                         **({"trailing": extra} if extra else {})}
+            else:
+                curves, extra, cmd, seconds = run_nested(spec, method, partition, checkout, args.python,
+                                                         exported[partition])
+                about = {"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates "
+                                  "as in the command",
+                         "metric": "test accuracy pooled over all clients of the model each client holds after the "
+                                   "round (its width's model with its slice of the new global model; "
+                                   "scripts/crosscheck_heterofl.py), rounds 1..rounds, in %",
+                         "seeds_are": "their seed (torch.manual_seed at the start of the run)",
+                         "their_metrics": extra}
             out = Path(args.results) / method / f"reference_{partition}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             ref = {"method": method, "partition": partition,
                    "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
-                                "algo": ext["algo"], "command": cmd, "cwd": "system/"},
-                   **({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
-                      if ext.get("norm", "none") == "bn" else {}),
+                                "algo": ext["algo"], "command": cmd, "cwd": CODE_DIRS[args.code] + "/"},
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
-                   "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
-                   "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)",
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
-                   "seconds": round(seconds, 1), "curves": curves, **({"trailing": extra} if extra else {})}
+                   "seconds": round(seconds, 1), "curves": curves, **about}
             out.write_text(json.dumps(ref, indent=1) + "\n")
             best = sum(max(c) for c in curves.values()) / len(curves)
             final = sum(c[-1] for c in curves.values()) / len(curves)

@@ -258,3 +258,109 @@ def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_diff
     assert s["delta"]["best"]["se"] == pytest.approx(pooled * (1 / 3 + 1 / 2) ** 0.5)
     with pytest.raises(ValueError, match="two seeds"):
         spread({"0": [1.0]}, theirs)
+
+
+def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_another_algorithm() -> None:
+    ext = _script("crosscheck_external")
+    spec = load_spec()
+    s = spec["setting"]
+    for method in ("heterofl", "fedrolex"):
+        cmd = ext.nested_command(spec, method, "pat", "py", Path("/d"), 1, Path("/o.json"))
+        assert cmd[:3] == ["py", "-u", str(ext.NESTED_LAUNCHER)] and cmd[cmd.index("--code") + 1] == method
+        widths = [float(w) for w in cmd[cmd.index("--widths") + 1:cmd.index("--channels")]]
+        assert widths == ext.client_widths(ext.our_config(spec, method, "pat"))
+        assert len(widths) == s["num_clients"] and len(set(widths)) > 2 and max(widths) == 1.0
+        assert cmd[cmd.index("--channels") + 1:cmd.index("--rounds")] == ["16", "32", "64"]
+        assert [cmd[cmd.index(k) + 1] for k in ("--rounds", "--lr", "--batch-size", "--epochs", "--seed")] == [
+            str(s["rounds"]), str(s["lr"]), str(s["batch_size"]), str(s["epochs"]), "1"]
+    fedrolex = spec["methods"]["fedrolex"]
+    for dropped, named in (("method.static_bn=batch", "static_bn"), ("train.grad_clip=1.0", "grad_clip"),
+                           ("method.label_mask=true", "label_mask")):
+        ours = [o for o in fedrolex["ours"] if o != dropped]
+        bad = {**spec, "methods": {**spec["methods"], "fedrolex": {**fedrolex, "ours": ours}}}
+        with pytest.raises(SystemExit, match=f"{named}=.*theirs"):
+            ext.nested_command(bad, "fedrolex", "pat", "py", Path("/d"), 0, Path("/o.json"))
+    bad = {**spec, "methods": {**spec["methods"], "fedrolex": {**fedrolex, "model": None}}}
+    with pytest.raises(SystemExit, match="cnn_heterofl"):
+        ext.nested_command(bad, "fedrolex", "pat", "py", Path("/d"), 0, Path("/o.json"))
+
+
+def test_nested_launcher_ray_stand_in_runs_remote_calls_in_process_in_order() -> None:
+    ray = _script("crosscheck_heterofl").ray_stand_in()
+
+    @ray.remote(num_gpus=0.15)
+    class Counter:
+        def __init__(self, start: int) -> None:
+            self.value = start
+
+        def add(self, x: int) -> int:
+            self.value += x
+            return self.value
+
+    counter = Counter.remote(1)
+    assert ray.get([counter.add.remote(2), counter.add.remote(3)]) == [3, 6]
+    obj = object()
+    assert ray.get(ray.put(obj)) is obj and ray.init() is None and ray.kill(counter) is None
+
+
+class _StandInConv(torch.nn.Module):
+    """A net laid out like the official Conv's ``blocks`` (for the renaming test; not their code)."""
+
+    def __init__(self, model_rate: float = 1, track: bool = False) -> None:
+        super().__init__()
+        c = int(8 * model_rate)
+        self.blocks = torch.nn.Sequential(
+            torch.nn.Conv2d(1, c, 3, 1, 1), torch.nn.Identity(), torch.nn.BatchNorm2d(c, track_running_stats=track),
+            torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(c, c, 3, 1, 1), torch.nn.Identity(),
+            torch.nn.BatchNorm2d(c, track_running_stats=track), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(c, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def test_nested_launcher_renames_fedrolex_layers_for_its_server_and_keeps_the_net() -> None:
+    import copy
+
+    launcher = _script("crosscheck_heterofl")
+    torch.manual_seed(0)
+    plain = _StandInConv(0.5)
+    torch.manual_seed(0)
+    renamed = launcher.renamed_conv(_StandInConv)(model_rate=0.5, cfg={})
+    x = torch.randn(4, 1, 8, 8)
+    plain.eval()
+    renamed.eval()
+    torch.testing.assert_close(renamed(x), plain(x))
+    state = renamed.state_dict()
+    assert [v.shape for v in state.values()] == [v.shape for v in plain.state_dict().values()]
+    # resnet_server.py split_model: a >1-dim weight is a 'conv1' / 'conv2' layer, a shortcut or the 'linear' head
+    assert all(("conv1" in k) != ("linear" in k) for k, v in state.items() if v.dim() > 1)
+    assert [k for k in state if "linear" in k] == ["blocks.linear.weight", "blocks.linear.bias"]
+    assert renamed.to("cuda") is renamed and renamed.cuda() is renamed
+    clone = copy.deepcopy(renamed)
+    assert clone.to("cuda:0") is clone and clone.to(torch.float64) is clone
+
+
+def test_nested_launcher_reads_our_export_and_recollects_statistics_with_scalers_as_at_test_time(tmp_path) -> None:
+    from methods._nested import Scaler
+
+    launcher = _script("crosscheck_heterofl")
+    for part, labels in (("train", [[3, 3, 7], [1, 2]]), ("test", [[3], [2, 1]])):
+        (tmp_path / part).mkdir()
+        for cid, y in enumerate(labels):
+            x = np.full((len(y), 1, 2, 2), cid, dtype=np.float32)
+            with open(tmp_path / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": np.array(y, dtype=np.int64)})
+    train = launcher.ExportedClients(tmp_path, "train", 2)
+    assert len(train) == 5 and train.split == {0: [0, 1, 2], 1: [3, 4]}
+    assert launcher.owned_labels(train) == {0: [3, 7], 1: [1, 2]}
+    assert int(train[4]["label"]) == 2 and float(train[4]["img"].sum()) == 4.0
+    conv = torch.nn.Conv2d(1, 3, 1)
+    bn = torch.nn.BatchNorm2d(3, momentum=None)
+    model = torch.nn.Sequential(conv, Scaler(0.25), bn)
+    batches = [torch.randn(5, 1, 4, 4) for _ in range(3)]
+    launcher.recollect_like_stats(model, batches)
+    with torch.no_grad():
+        means = [conv(b).mean((0, 2, 3)) for b in batches]
+    torch.testing.assert_close(bn.running_mean, sum(means) / 3)  # unscaled: the scaler in eval mode
+    assert not model.training and not model[1].training

@@ -40,6 +40,7 @@ def count(model: nn.Module) -> int:
 INPUTS = {  # name -> (in_channels, image_size, num_classes) at the intended input
     "resnet8": (3, 32, 10), "resnet10": (3, 64, 200), "resnet18": (3, 32, 10), "cnn_cifar100": (3, 32, 100),
     "cnn_fmnist": (1, 28, 10), "lenet64": (3, 64, 10), "small_cnn": (1, 8, 10), "cnn_fedavg": (1, 28, 10),
+    "cnn_heterofl": (1, 28, 10),
 }
 
 
@@ -455,3 +456,20 @@ def test_body_pools_before_the_relu_with_the_same_bits_and_gradients(kind, setti
     body[0].register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
     body(x.clone())
     assert seen == [x.shape]  # the ReLU saw the pool's input: the listed order
+
+
+def test_cnn_heterofl_is_the_official_conv_net():
+    """HeteroFL's Conv: conv3x3 + BN + ReLU per width (max-pool between blocks), global average pool, head with
+    zero bias; at a width every hidden layer has ceil(p C) channels."""
+    model = make("cnn_heterofl")
+    body = conv(3, 1, 64, True) + norm(64) + conv(3, 64, 128, True) + norm(128) + conv(3, 128, 256, True) + norm(256)
+    assert count(model) == body + conv(3, 256, 512, True) + norm(512) + linear(512, 10)
+    assert torch.all(model.head.bias == 0)
+    assert [m.kernel_size for m in model.modules() if isinstance(m, nn.MaxPool2d)] == [2, 2, 2]
+    small = make("cnn_heterofl", 0.375, channels=[32, 64, 128])
+    assert [m.out_channels for m in small.modules() if isinstance(m, nn.Conv2d)] == [12, 24, 48]
+    assert small.feature_dim == 48
+    plain = make("cnn_heterofl", norm="none")
+    assert not any(isinstance(m, NORM_TYPES) for m in plain.modules())
+    with pytest.raises(ValueError, match="norm='gn' is invalid"):
+        make("cnn_heterofl", norm="gn")

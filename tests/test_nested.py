@@ -160,8 +160,9 @@ def test_static_bn_tracks_nothing_in_training_and_sbn_recollects_the_mean_of_bat
     assert not [n for n, _ in plain.named_buffers()]  # "batch": no statistics at all (batch statistics at eval)
 
 
-def test_label_masking_masks_exactly_the_absent_labels_and_their_head_rows_keep_their_values(tmp_path):
-    exp = experiment(tmp_path, "method=heterofl", *GRID)
+@pytest.mark.parametrize("method", [["method=heterofl"], ["method=fedrolex", "method.label_mask=true"]])
+def test_label_masking_masks_exactly_the_absent_labels_and_their_head_rows_keep_their_values(tmp_path, method):
+    exp = experiment(tmp_path, *method, *GRID)
     method, cid = exp.method, 1
     data = exp.data.client(cid)
     present = set(data.pool.labels[data.train].tolist())

@@ -197,7 +197,7 @@ def test_hetero_pa3dfl_trains_full_width_resnet18_within_15_percent_of_fedavgs_f
     # alone 1.26x), where the paper's Table 2 has 1.02x. conf/method/pa3dfl.yaml's defaults (rank_scale 0.75, cheaper)
     # give 31.62 (1.14x) with 8.73 M parameters (0.78x)
     from bench.builder import method_class
-    from bench.efficiency import DEFAULT_CONFIG, count_flops, method_config
+    from scripts.pa3dfl.efficiency import DEFAULT_CONFIG, count_flops, method_config
 
     assert "pa3dfl:method.rank_width=0.0625" in DEFAULT_CONFIG  # Table 2's Hetero R1 = p_min T, p_min = 1/16
     _, hp = method_class(method_config("pa3dfl"))  # the method's defaults

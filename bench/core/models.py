@@ -471,3 +471,26 @@ def small_cnn(*, num_classes: int, in_channels: int = 1, image_size: int = 8, wi
         cin = cout
     return _conv_mlp(layers, [scaled(int(hidden), width)], num_classes, in_channels, image_size,
                      fc_norm=norm == "bn_all")
+
+
+@MODELS.register("cnn_heterofl")
+def cnn_heterofl(*, num_classes: int, in_channels: int = 1, image_size: int = 28, width: float = 1.0,
+                 channels: Sequence[int] = (64, 128, 256, 512), norm: str = "bn") -> SplitModel:
+    """HeteroFL's ``Conv`` (the official code's ``models/conv.py``, also in FedRolex's): per entry of ``channels``
+    conv3x3 pad 1 (+ BatchNorm if ``norm="bn"``) + ReLU, a 2x2 max-pool after each but the last, global average
+    pooling, head. The head's bias starts at 0 (the official ``init_param``); a HeteroFL scaler goes between
+    each conv and its norm (``methods/_nested.add_scalers``)."""
+    if norm not in ("none", "bn"):
+        raise ValueError(f"model.options.norm={norm!r} is invalid for cnn_heterofl: use 'none' or 'bn'")
+    if not channels:
+        raise ValueError("model.options.channels must list at least one conv width")
+    layers: list[nn.Module] = []
+    cin = in_channels
+    for i, c in enumerate(channels):
+        cout = scaled(int(c), width)
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), *([nn.BatchNorm2d(cout)] if norm == "bn" else []),
+                   nn.ReLU(inplace=True), *([MaxPool2d(2)] if i < len(channels) - 1 else [])]
+        cin = cout
+    model = SplitModel(Body(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten()), cin, num_classes)
+    nn.init.zeros_(model.head.bias)
+    return model

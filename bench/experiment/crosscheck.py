@@ -66,10 +66,18 @@ def tolerance(spec: Mapping[str, Any], method: str) -> float:
     return float(spec["methods"][method].get("tolerance", spec["tolerance"]))
 
 
-def setting_overrides(spec: Mapping[str, Any], partition: str) -> list[str]:
-    """Our config overrides for the shared setting on ``partition`` (everything but method and seed)."""
+def model_overrides(spec: Mapping[str, Any], method: str | None = None) -> list[str]:
+    """Our model overrides: the method's own ``model`` list when it has one (a model the external code can run,
+    e.g. HeteroFL's conv net), else the setting's model without norm layers."""
+    own = spec["methods"][method].get("model") if method else None
+    return [str(o) for o in own] if own else [f"model={spec['setting']['model']}", "model.options.norm=none"]
+
+
+def setting_overrides(spec: Mapping[str, Any], partition: str, method: str | None = None) -> list[str]:
+    """Our config overrides for the shared setting on ``partition`` (everything but method and seed; the model is
+    ``method``'s own when its entry names one)."""
     s = spec["setting"]
-    return [f"dataset={s['dataset']}", f"model={s['model']}", "model.options.norm=none",
+    return [f"dataset={s['dataset']}", *model_overrides(spec, method),
             f"num_clients={s['num_clients']}", f"dataset.n_train_per_client={s['n_train_per_client']}",
             f"dataset.n_test_per_client={s['n_test_per_client']}", f"data_seed={s['data_seed']}",
             f"rounds={s['rounds']}", "participation=1.0", "train.optimizer=sgd", f"train.lr={s['lr']}",
@@ -79,7 +87,7 @@ def setting_overrides(spec: Mapping[str, Any], partition: str) -> list[str]:
 
 
 def our_overrides(spec: Mapping[str, Any], method: str, partition: str, seed: int) -> list[str]:
-    return [*setting_overrides(spec, partition), *spec["methods"][method]["ours"], f"seed={seed}"]
+    return [*setting_overrides(spec, partition, method), *spec["methods"][method]["ours"], f"seed={seed}"]
 
 
 def curve_from_records(rounds_jsonl: str | Path, stage: str = "post") -> list[float]:

@@ -71,6 +71,7 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "eval.early_stop": lambda value: value is None,
     "method.layer_order": _equals("recover"),
     "method.round1_critical": _equals("customized"),
+    "method.label_mask": _equals(False),  # FedRolex's (HeteroFL's default, true, stays in its hash)
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }
@@ -118,6 +119,7 @@ GROUP_KEYS: dict[str, str] = {
     "model/cnn_cifar100": "name width options pretrained",
     "model/cnn_fedavg": "name width options.norm pretrained",
     "model/cnn_fmnist": "name width options pretrained",
+    "model/cnn_heterofl": "name width options.channels options.norm pretrained",  # new model: moves no old run
     "model/lenet64": "name width options pretrained",
     "model/resnet10": "name width options pretrained",
     "model/resnet18": "name width options.norm options.gn_groups pretrained",
