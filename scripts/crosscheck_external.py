@@ -2,6 +2,7 @@
 
     python scripts/crosscheck_external.py --checkout /tmp/PFLlib --methods fedavg fedper [--partitions pat] \
         [--python /tmp/pflvenv/bin/python]
+    python scripts/crosscheck_external.py --code pfedhn --checkout /tmp/pFedHN --methods pfedhn
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.partition.export_pfllib``), runs the external code
@@ -12,6 +13,13 @@ it saves, and writes
 ``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
 exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
 h5py, calmsize); ``--python`` names the interpreter that has them.
+
+``--code pfedhn`` runs the official pFedHN trainer (AvivSham/pFedHN ``experiments/pfedhn/trainer.py``, one run per
+seed with its ``--seed``) through ``scripts/crosscheck_pfedhn.py``, which gives it the exported split and
+1-channel networks. The official trainer updates the hypernetwork after every single client (one client drawn at
+random per step), so a round of the shared setting is ``num_clients`` steps: it runs ``rounds x num_clients`` steps,
+evaluates after every step and keeps every ``num_clients``-th evaluation (after 20, 40, ... steps); our side runs
+one client per round for as many rounds and evaluates every ``num_clients`` rounds (the method's ``ours``).
 """
 
 from __future__ import annotations
@@ -37,17 +45,20 @@ from bench.crosscheck import RESULTS, SPEC, load_spec, method_partitions, settin
 from bench.partition import export_pfllib  # noqa: E402
 
 BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
+PFEDHN_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedhn.py"
+#: the folder of each external code base that must be unmodified (the rest of a snapshot may lack data files)
+CODE_DIR = {"pfllib": "system", "pfedhn": "experiments"}
 
 
-def git_commit(checkout: Path) -> str:
+def git_commit(checkout: Path, code_dir: str = "system") -> str:
     out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"error: {checkout} is not a git checkout (need its commit for the reference)")
     # only the code counts: a snapshot may lack the large data files PFLlib commits under dataset/
     dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no", "--",
-                            "system"], capture_output=True, text=True).stdout.strip()
+                            code_dir], capture_output=True, text=True).stdout.strip()
     if dirty:
-        raise SystemExit(f"error: {checkout}/system has local changes; the external code must run unmodified")
+        raise SystemExit(f"error: {checkout}/{code_dir} has local changes; the external code must run unmodified")
     return out.stdout.strip()
 
 
@@ -66,13 +77,13 @@ def same_file(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
 
 
-def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str:
-    name = pfllib_dataset_name(partition)
+def export_split(spec: Mapping[str, Any], partition: str, final: Path) -> Path:
+    """Our split of ``partition`` exported into the folder ``final`` (PFLlib's layout); the folder."""
     conf = to_container(compose_config([*setting_overrides(spec, partition), "method=fedavg", "seed=0"]))
-    final = checkout / "dataset" / name
     # written aside and moved in whole: another run of this script may be reading the folder (PFLlib re-reads a
     # client's file every round), so an existing folder is kept when identical and never rewritten
-    tmp = export_pfllib(conf, checkout / "dataset" / f".{name}.tmp-{os.getpid()}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = export_pfllib(conf, final.parent / f".{final.name}.tmp-{os.getpid()}")
     if final.exists():
         same = all(same_file(f, final / f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
         shutil.rmtree(tmp)
@@ -80,7 +91,14 @@ def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str
             raise SystemExit(f"error: {final} holds another split than conf/crosscheck.yaml's; remove it first")
     else:
         tmp.rename(final)
-    return name
+    return final
+
+
+def export_folder(code: str, partition: str, checkout: Path) -> Path:
+    """Where the split goes in the external checkout (PFLlib reads ``dataset/<name>`` by name)."""
+    if code == "pfllib":
+        return checkout / "dataset" / pfllib_dataset_name(partition)
+    return checkout / "data" / f"crosscheck_{partition}"
 
 
 def pfllib_command(spec: Mapping[str, Any], method: str, python: str, data_name: str) -> list[str]:
@@ -135,10 +153,69 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     return curves, extra, shown, time.time() - start
 
 
+def pfedhn_command(spec: Mapping[str, Any], method: str, python: str, split: Path, seed: int,
+                   save: Path) -> list[str]:
+    """The official pFedHN trainer's command line for one seed, through our launcher (run from the checkout)."""
+    s = spec["setting"]
+    n = int(s["num_clients"])
+    # --data-name cifar10 picks CNNHyper / CNNTarget with 10 outputs (trainer.py); the launcher gives them 1-channel
+    # inputs and our split. One client per step: rounds x num_clients steps, an evaluation after every step.
+    return [python, "-u", str(PFEDHN_LAUNCHER), "--split", str(split), "--",
+            "--data-name", "cifar10", "--data-path", str(split), "--num-nodes", str(n),
+            "--num-steps", str(int(s["rounds"]) * n), "--batch-size", str(s["batch_size"]), "--eval-every", "1",
+            "--save-path", str(save), "--seed", str(seed),
+            *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def per_round(evaluations: Sequence[float], num_clients: int, rounds: int) -> list[float]:
+    """The official trainer's per-step test accuracies (fractions) -> % after every ``num_clients`` steps."""
+    if len(evaluations) != rounds * num_clients:
+        raise SystemExit(f"error: {len(evaluations)} evaluations, expected one per step = {rounds * num_clients}")
+    return [100.0 * float(a) for a in evaluations[num_clients - 1::num_clients]]
+
+
+def run_pfedhn(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+               split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
+    """Run the official pFedHN trainer once per seed on the exported split; per seed, accuracy (%) per round."""
+    s = spec["setting"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start, curves, cmd = time.time(), {}, []
+    for seed in [int(x) for x in s["seeds"]]:
+        save = checkout / "crosscheck_results" / f"{method}_{partition}_seed{seed}"
+        shutil.rmtree(save, ignore_errors=True)
+        cmd = pfedhn_command(spec, method, python, split, seed, save)
+        log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        found = sorted(save.glob(f"results_*_inner_steps_seed_{seed}.json"))
+        if len(found) != 1:
+            raise SystemExit(f"error: expected one results file under {save}, found {len(found)}")
+        acc = json.loads(found[0].read_text())["test_avg_acc"]
+        curves[str(seed)] = per_round(acc, int(s["num_clients"]), int(s["rounds"]))
+    shown = [f"<pflrepro>/scripts/{PFEDHN_LAUNCHER.name}" if c == str(PFEDHN_LAUNCHER) else c for c in cmd[1:]]
+    shown = [c.replace(str(checkout) + "/", "") for c in shown]
+    return curves, {}, shown, time.time() - start
+
+
+#: per external code: how it runs, where it runs from, what its metric and seeds are
+RUNNERS = {
+    "pfllib": {"run": run_pfllib, "cwd": "system/",
+               "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
+               "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)"},
+    "pfedhn": {"run": run_pfedhn, "cwd": "./",
+               "metric": "test_avg_acc (test accuracy pooled over all clients, of the models the hypernetwork "
+                         "generates) after steps num_clients, 2 num_clients, ..., rounds x num_clients, in %",
+               "seeds_are": "the trainer's --seed (set_seed: numpy, random, torch)"},
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", required=True, help="a git checkout of the external code (PFLlib)")
-    parser.add_argument("--methods", nargs="+", help="default: every method whose external code is PFLlib")
+    parser.add_argument("--checkout", required=True, help="a git checkout of the external code")
+    parser.add_argument("--code", choices=sorted(RUNNERS), default="pfllib", help="which external code it is")
+    parser.add_argument("--methods", nargs="+", help="default: every method whose external code is --code")
     parser.add_argument("--partitions", nargs="+")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for the external code")
     parser.add_argument("--spec", default=str(SPEC))
@@ -146,32 +223,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
     checkout = Path(args.checkout).resolve()
-    commit = git_commit(checkout)
-    methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == "pfllib"]
-    exported: dict[str, str] = {}
+    commit = git_commit(checkout, CODE_DIR[args.code])
+    runner = RUNNERS[args.code]
+    methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == args.code]
+    exported: dict[str, Path] = {}
     for method in methods:
         if method not in spec["methods"]:
             raise SystemExit(f"error: unknown method {method!r}; conf/crosscheck.yaml has {', '.join(spec['methods'])}")
         ext = spec["methods"][method]["external"]
-        if ext["code"] != "pfllib":
-            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}; this script runs PFLlib only")
+        if ext["code"] != args.code:
+            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}, not --code {args.code}; run it "
+                             f"with --code {ext['code']} and a checkout of {spec['external'][ext['code']]['repo']}")
         for partition in method_partitions(spec, method):
             if args.partitions and partition not in args.partitions:
                 continue
             if partition not in exported:
-                exported[partition] = export_split(spec, partition, checkout)
-            curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
-                                                     exported[partition])
+                exported[partition] = export_split(spec, partition, export_folder(args.code, partition, checkout))
+            data = exported[partition].name if args.code == "pfllib" else exported[partition]
+            curves, extra, cmd, seconds = runner["run"](spec, method, partition, checkout, args.python, data)
             out = Path(args.results) / method / f"reference_{partition}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             ref = {"method": method, "partition": partition,
                    "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
-                                "algo": ext["algo"], "command": cmd, "cwd": "system/"},
+                                "algo": ext["algo"], "command": cmd, "cwd": runner["cwd"]},
                    **({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
                       if ext.get("norm", "none") == "bn" else {}),
+                   **({"model": "the official CNNHyper / CNNTarget with in_channels=1 on the images zero-padded to "
+                               "32x32 (scripts/crosscheck_pfedhn.py)"} if args.code == "pfedhn" else {}),
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
-                   "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
-                   "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)",
+                   "metric": runner["metric"], "seeds_are": runner["seeds_are"],
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
                    "seconds": round(seconds, 1), "curves": curves, **({"trailing": extra} if extra else {})}
             out.write_text(json.dumps(ref, indent=1) + "\n")

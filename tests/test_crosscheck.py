@@ -171,3 +171,109 @@ def test_pfllib_command_runs_a_bn_method_through_the_launcher() -> None:
     bad = {**spec, "methods": {"fedbn": {**spec["methods"]["fedbn"], "external": {"algo": "FedBN", "norm": "gn"}}}}
     with pytest.raises(SystemExit, match="norm 'gn' is invalid"):
         ext.pfllib_command(bad, "fedbn", "py", "D")
+
+
+def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None:
+    """The official trainer updates the hypernetwork after one client per step: ours runs one client per round for
+    rounds x num_clients rounds, evaluated every num_clients rounds, with the hyperparameters theirs gets."""
+    from bench.crosscheck import our_overrides
+
+    ext = _script("crosscheck_external")
+    spec = load_spec()
+    s = spec["setting"]
+    conf = to_container(compose_config(our_overrides(spec, "pfedhn", "pat", 0)))
+    assert round(conf["participation"] * conf["num_clients"]) == 1
+    assert conf["rounds"] == s["rounds"] * s["num_clients"] and conf["eval"]["every"] == s["num_clients"]
+    cmd = ext.pfedhn_command(spec, "pfedhn", "py", Path("S"), 1, Path("R"))
+    assert cmd[:3] == ["py", "-u", str(ext.PFEDHN_LAUNCHER)]
+
+    def arg(name: str) -> str:
+        return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1]  # the last occurrence wins in argparse
+
+    assert arg("--num-steps") == str(conf["rounds"]) and arg("--eval-every") == "1" and arg("--seed") == "1"
+    assert arg("--num-nodes") == str(conf["num_clients"]) and arg("--batch-size") == str(conf["train"]["batch_size"])
+    hp = conf["method"]
+    for theirs, ours in (("--inner-steps", "inner_steps"), ("--inner-lr", "inner_lr"), ("--lr", "lr"),
+                         ("--inner-wd", "inner_weight_decay"), ("--wd", "weight_decay"),
+                         ("--hyper-hid", "hidden_dim"), ("--n-hidden", "hidden_layers")):
+        assert float(arg(theirs)) == float(hp[ours]), theirs
+    assert arg("--embed-dim") == "-1" and hp["embed_dim"] is None  # both: 1 + N / 4
+    assert (hp["momentum"], hp["inner_momentum"], hp["outer_clip"], hp["inner_clip"]) == (0.9, 0.9, 50, 50)
+
+
+def test_pfedhn_curve_keeps_the_evaluation_after_every_num_clients_steps() -> None:
+    ext = _script("crosscheck_external")
+    steps = [i / 100 for i in range(1, 61)]
+    assert ext.per_round(steps, 20, 3) == [20.0, 40.0, 60.0]
+    with pytest.raises(SystemExit, match="expected one per step = 80"):
+        ext.per_round(steps, 20, 4)
+
+
+FAKE_PFEDHN = {  # the interfaces of the official code the launcher relies on, and a trainer that reports what it got
+    "models.py": """
+class CNNHyper:
+    def __init__(self, n_nodes, embedding_dim, in_channels=3, out_dim=10, n_kernels=16, hidden_dim=100,
+                 spec_norm=False, n_hidden=1):
+        self.in_channels = in_channels
+
+
+class CNNTarget:
+    def __init__(self, in_channels=3, n_kernels=16, out_dim=10):
+        self.in_channels = in_channels
+""",
+    "node.py": """
+class BaseNodes:
+    def __init__(self, data_name, data_path, n_nodes, batch_size=128, classes_per_node=2):
+        self.n_nodes, self.batch_size = n_nodes, batch_size
+        self._init_dataloaders()
+
+    def _init_dataloaders(self):
+        raise RuntimeError("CIFAR only")
+""",
+    "trainer.py": """
+import json, sys
+from experiments.pfedhn.models import CNNHyper, CNNTarget
+from experiments.pfedhn.node import BaseNodes
+
+if __name__ == "__main__":
+    nodes = BaseNodes("cifar10", "x", int(sys.argv[2]), batch_size=int(sys.argv[3]))
+    x, y = next(iter(nodes.train_loaders[1]))
+    report = {"hyper": CNNHyper(2, 3).in_channels, "target": CNNTarget(n_kernels=16).in_channels,
+              "shape": list(x.shape), "border": float(x[..., :2].abs().sum()), "labels": sorted(set(y.tolist())),
+              "val_is_train": nodes.val_loaders[1].dataset is nodes.train_loaders[1].dataset,
+              "shuffled": [type(l.sampler).__name__ for l in (nodes.train_loaders[0], nodes.test_loaders[0])],
+              "test_sizes": [len(l.dataset) for l in nodes.test_loaders]}
+    open(sys.argv[1], "w").write(json.dumps(report))
+""",
+}
+
+
+def test_pfedhn_launcher_gives_the_official_trainer_our_split_and_one_channel_networks(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    split = tmp_path / "split"
+    for part, n in (("train", 4), ("test", 3)):
+        (split / part).mkdir(parents=True)
+        for cid in range(2):
+            x = np.random.default_rng(cid).normal(size=(n, 1, 28, 28)).astype(np.float32) + 5.0
+            with open(split / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": np.full(n, 3 + cid, dtype=np.int64)})
+    code = tmp_path / "checkout" / "experiments" / "pfedhn"
+    code.mkdir(parents=True)
+    (code.parent / "__init__.py").write_text("")
+    (code / "__init__.py").write_text("")
+    for name, text in FAKE_PFEDHN.items():
+        (code / name).write_text(text)
+    out = tmp_path / "report.json"
+    launcher = ROOT / "scripts" / "crosscheck_pfedhn.py"
+    subprocess.run([sys.executable, str(launcher), "--split", str(split), "--", str(out), "2", "4"],
+                   cwd=code.parent.parent, check=True)
+    report = json.loads(out.read_text())
+    assert report["hyper"] == report["target"] == 1
+    assert report["shape"] == [4, 1, 32, 32] and report["border"] == 0.0  # zero-padded 28 -> 32
+    assert report["labels"] == [4] and report["val_is_train"] and report["test_sizes"] == [3, 3]
+    assert report["shuffled"] == ["RandomSampler", "RandomSampler"]  # as the official loaders (dataset.py)
+    bad = subprocess.run([sys.executable, str(launcher), "--split", str(split), "--pad-to", "31", "--", str(out),
+                          "2", "4"], cwd=code.parent.parent, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--pad-to 31 cannot centre 28x28 images" in bad.stderr

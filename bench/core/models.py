@@ -437,6 +437,22 @@ def cnn_fedavg(*, num_classes: int, in_channels: int = 1, image_size: int = 28, 
     return _conv_mlp(layers, [scaled(512, width)], num_classes, in_channels, image_size)
 
 
+@MODELS.register("cnn_pfedhn")
+def cnn_pfedhn(*, num_classes: int, in_channels: int = 3, image_size: int = 32, width: float = 1.0,
+               norm: str = "none", conv1_padding: int = 0) -> SplitModel:
+    """pFedHN's target network (official code AvivSham/pFedHN, ``CNNTarget`` with ``n_kernels=16``), a LeNet-5:
+    conv5x5 16 and conv5x5 32, each + ReLU + maxpool2, FC 120 + ReLU, FC 84 + ReLU, head. ``conv1_padding=2`` on
+    28x28 inputs computes exactly what the same network computes on the inputs zero-padded to 32x32 (the classic
+    LeNet-5 treatment of MNIST). ``norm`` exists only as ``none`` (the network has no norm layers)."""
+    if norm != "none":
+        raise ValueError(f"model.options.norm={norm!r} is invalid for cnn_pfedhn: it has no norm layers; use 'none'")
+    if conv1_padding < 0:
+        raise ValueError(f"model.options.conv1_padding={conv1_padding!r} is invalid: use 0 or more")
+    c1, c2 = scaled(16, width), scaled(32, width)
+    convs = _conv_relu_pool(in_channels, c1, 5, padding=conv1_padding) + _conv_relu_pool(c1, c2, 5)
+    return _conv_mlp(convs, [scaled(120, width), scaled(84, width)], num_classes, in_channels, image_size)
+
+
 @MODELS.register("lenet64")
 def lenet64(*, num_classes: int, in_channels: int = 3, image_size: int = 64,
             width: float = 1.0) -> SplitModel:
