@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -46,8 +47,9 @@ from bench.partition import export_pfllib  # noqa: E402
 
 BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
 PFEDHN_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedhn.py"
+FEDSELECT_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fedselect.py"
 #: the folder of each external code base that must be unmodified (the rest of a snapshot may lack data files)
-CODE_DIR = {"pfllib": "system", "pfedhn": "experiments"}
+CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": "."}
 
 
 def git_commit(checkout: Path, code_dir: str = "system") -> str:
@@ -199,6 +201,58 @@ def run_pfedhn(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     return curves, {}, shown, time.time() - start
 
 
+def fedselect_command(spec: Mapping[str, Any], method: str, python: str, split: Path, seed: int,
+                      num_classes: int) -> list[str]:
+    """The official FedSelect command line for one seed, through our launcher (run from the checkout)."""
+    s = spec["setting"]
+    # --frac 1.0: every client every round (fedselect.py run_base_experiment draws them once, in a random order)
+    return [python, "-u", str(FEDSELECT_LAUNCHER), "--split", str(split), "--",
+            "--num_users", str(s["num_clients"]), "--frac", "1.0", "--com_rounds", str(s["rounds"]),
+            "--lr", str(s["lr"]), "--local_bs", str(s["batch_size"]), "--num_classes", str(num_classes),
+            "--seed", str(seed), *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def fedselect_curve(log: str, rounds: int, test_sizes: Sequence[int]) -> list[float]:
+    """The pooled test accuracy (%) per round from what fedselect.py prints after every round's local training
+    (``Client Accs: tensor([...])``: each client's accuracy, in the code's own client order)."""
+    rows = re.findall(r"Client Accs:\s+tensor\(\[([^\]]*)\]\)", log)
+    if len(rows) != rounds:
+        raise SystemExit(f"error: the log holds {len(rows)} rounds of client accuracies, expected {rounds}")
+    if len(set(test_sizes)) != 1:
+        # the printed order is fedselect.py's random client order, so only equal test sizes pool without it
+        raise SystemExit(f"error: clients have unequal test sizes {sorted(set(test_sizes))}: the pooled accuracy "
+                         "cannot be read from fedselect.py's output")
+    curve = []
+    for row in rows:
+        accs = [float(a) for a in row.split(",")]
+        if len(accs) != len(test_sizes):
+            raise SystemExit(f"error: a round lists {len(accs)} client accuracies, expected {len(test_sizes)}")
+        curve.append(100.0 * sum(accs) / len(accs))
+    return curve
+
+
+def run_fedselect(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+                  split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
+    """Run the official FedSelect code once per seed on the exported split; per seed, accuracy (%) per round."""
+    s = spec["setting"]
+    info = json.loads((split / "config.json").read_text())
+    sizes = [sum(c["test"]) for c in info["class_counts"]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start, curves, cmd = time.time(), {}, []
+    for seed in [int(x) for x in s["seeds"]]:
+        cmd = fedselect_command(spec, method, python, split, seed, int(info["num_classes"]))
+        log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
+        err = log.with_suffix(".err")  # its progress bars, and any error
+        with open(log, "w") as f, open(err, "w") as e:
+            proc = subprocess.run(cmd, cwd=checkout, stdout=f, stderr=e, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {err}")
+        curves[str(seed)] = fedselect_curve(log.read_text(), int(s["rounds"]), sizes)
+    shown = [f"<pflrepro>/scripts/{FEDSELECT_LAUNCHER.name}" if c == str(FEDSELECT_LAUNCHER) else c for c in cmd[1:]]
+    shown = [c.replace(str(checkout) + "/", "") for c in shown]
+    return curves, {}, shown, time.time() - start
+
+
 #: per external code: how it runs, where it runs from, what its metric and seeds are
 RUNNERS = {
     "pfllib": {"run": run_pfllib, "cwd": "system/",
@@ -208,6 +262,11 @@ RUNNERS = {
                "metric": "test_avg_acc (test accuracy pooled over all clients, of the models the hypernetwork "
                          "generates) after steps num_clients, 2 num_clients, ..., rounds x num_clients, in %",
                "seeds_are": "the trainer's --seed (set_seed: numpy, random, torch)"},
+    "fedselect": {"run": run_fedselect, "cwd": "./",
+                  "metric": "the per-client test accuracies fedselect.py prints after every round's local training "
+                            "(before the server average; our stage pre), averaged over clients of equal test "
+                            "size (= pooled), in %",
+                  "seeds_are": "fedselect.py's --seed (setup_seed: torch, numpy, random)"},
 }
 
 
@@ -250,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       if ext.get("norm", "none") == "bn" else {}),
                    **({"model": "the official CNNHyper / CNNTarget with in_channels=1 on the images zero-padded to "
                                "32x32 (scripts/crosscheck_pfedhn.py)"} if args.code == "pfedhn" else {}),
+                   **({"model": "PFLlib's FedAvgCNN (our cnn_fedavg) in place of ResNet-18, classifier named fc "
+                               "(scripts/crosscheck_fedselect.py)"} if args.code == "fedselect" else {}),
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
                    "metric": runner["metric"], "seeds_are": runner["seeds_are"],
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},

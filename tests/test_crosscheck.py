@@ -219,6 +219,7 @@ class CNNHyper:
 
 class CNNTarget:
     def __init__(self, in_channels=3, n_kernels=16, out_dim=10):
+        super(CNNTarget, self).__init__()  # as the official class: the name must stay the class
         self.in_channels = in_channels
 """,
     "node.py": """
@@ -240,7 +241,8 @@ if __name__ == "__main__":
     x, y = next(iter(nodes.train_loaders[1]))
     report = {"hyper": CNNHyper(2, 3).in_channels, "target": CNNTarget(n_kernels=16).in_channels,
               "shape": list(x.shape), "border": float(x[..., :2].abs().sum()), "labels": sorted(set(y.tolist())),
-              "val_is_train": nodes.val_loaders[1].dataset is nodes.train_loaders[1].dataset,
+              "val": [len(nodes.val_loaders[1].dataset), int(next(iter(nodes.val_loaders[1]))[1][0])],
+              "test_batch": len(next(iter(nodes.test_loaders[0]))[1]),
               "shuffled": [type(l.sampler).__name__ for l in (nodes.train_loaders[0], nodes.test_loaders[0])],
               "test_sizes": [len(l.dataset) for l in nodes.test_loaders]}
     open(sys.argv[1], "w").write(json.dumps(report))
@@ -272,8 +274,97 @@ def test_pfedhn_launcher_gives_the_official_trainer_our_split_and_one_channel_ne
     report = json.loads(out.read_text())
     assert report["hyper"] == report["target"] == 1
     assert report["shape"] == [4, 1, 32, 32] and report["border"] == 0.0  # zero-padded 28 -> 32
-    assert report["labels"] == [4] and report["val_is_train"] and report["test_sizes"] == [3, 3]
+    assert report["labels"] == [4] and report["test_sizes"] == [3, 3]
+    assert report["val"] == [1, 4] and report["test_batch"] == 3  # one training sample; a client's test set at once
     assert report["shuffled"] == ["RandomSampler", "RandomSampler"]  # as the official loaders (dataset.py)
     bad = subprocess.run([sys.executable, str(launcher), "--split", str(split), "--pad-to", "31", "--", str(out),
                           "2", "4"], cwd=code.parent.parent, capture_output=True, text=True)
     assert bad.returncode != 0 and "--pad-to 31 cannot centre 28x28 images" in bad.stderr
+
+
+def test_a_method_may_compare_the_pre_aggregation_stage_and_state_its_own_settings(tmp_path: Path) -> None:
+    from bench.crosscheck import stage, table_markdown
+
+    spec = yaml.safe_load(_tiny_spec(tmp_path).read_text())
+    assert stage(spec, "fedavg") == "post"
+    spec["methods"]["fedavg"].update(stage="pre", settings="five local epochs")
+    assert stage(spec, "fedavg") == "pre"
+    assert "fedavg: five local epochs" in table_markdown(spec, [])
+    spec["methods"]["fedavg"]["stage"] = "later"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="stage 'later' is invalid"):
+        load_spec(bad)
+
+
+def test_fedselect_curve_pools_the_printed_client_accuracies_of_every_round() -> None:
+    ext = _script("crosscheck_external")
+    log = ("100%|###| 1/1\nClient Accs:  tensor([0.90000000, 0.80000000])  | Mean:  tensor(0.85000000)\n"
+           "noise\nClient Accs:  tensor([1.00000000, 0.70000000])  | Mean:  tensor(0.85000000)\n")
+    assert ext.fedselect_curve(log, 2, [100, 100]) == pytest.approx([85.0, 85.0])
+    with pytest.raises(SystemExit, match="holds 2 rounds of client accuracies, expected 3"):
+        ext.fedselect_curve(log, 3, [100, 100])
+    with pytest.raises(SystemExit, match="unequal test sizes"):
+        ext.fedselect_curve(log, 2, [100, 50])
+    with pytest.raises(SystemExit, match="lists 2 client accuracies, expected 3"):
+        ext.fedselect_curve(log, 2, [100, 100, 100])
+
+
+def test_fedselect_launcher_model_is_our_cnn_fedavg_with_the_classifier_named_fc() -> None:
+    from bench.core.models import build_model
+
+    theirs = _script("crosscheck_fedselect").fedavg_cnn(1, 10, 28)
+    ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28)
+    t_state, o_state = theirs.state_dict(), ours.state_dict()
+    assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
+    assert list(t_state)[-2:] == ["fc.weight", "fc.bias"] and theirs.fc.in_features == 512
+    assert all("weight" in n or "bias" in n for n in t_state)  # the official masks cover weights and biases
+    theirs.load_state_dict(dict(zip(t_state, o_state.values(), strict=True)))
+    x = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(theirs(x), ours(x))
+
+
+FAKE_FEDSELECT = {  # the interfaces of the official code the launcher relies on, and a main that reports them
+    "utils/__init__.py": "",
+    "utils/train_utils.py": "def get_data(args):\n    raise RuntimeError('CIFAR-10 only')\n",
+    "fedselect.py": """
+import json, sys
+import torch
+from torchvision.models import resnet18
+from utils.train_utils import get_data
+
+if __name__ == "__main__":
+    train, test, users_train, users_test, labels = get_data(None)
+    model = resnet18(pretrained=False)
+    model.fc = torch.nn.Linear(model.fc.in_features, 10)
+    x, y = train[users_train[1][0]]
+    print("Client Accs: ", torch.tensor([0.123456789] * 30))
+    report = {"train": len(train), "test": len(test), "client1": [int(i) for i in users_train[1]],
+              "test1": [int(i) for i in users_test[1]], "label": int(y), "out": list(model(x[None]).shape)}
+    open(sys.argv[1], "w").write(json.dumps(report))
+""",
+}
+
+
+def test_fedselect_launcher_gives_the_official_code_our_split_and_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    split = tmp_path / "split"
+    for part, n in (("train", 4), ("test", 3)):
+        (split / part).mkdir(parents=True)
+        for cid in range(2):
+            x = np.random.default_rng(cid).normal(size=(n, 1, 28, 28)).astype(np.float32)
+            with open(split / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": np.full(n, 3 + cid, dtype=np.int64)})
+    code = tmp_path / "checkout"
+    for name, text in FAKE_FEDSELECT.items():
+        (code / name).parent.mkdir(parents=True, exist_ok=True)
+        (code / name).write_text(text)
+    out = tmp_path / "report.json"
+    launcher = ROOT / "scripts" / "crosscheck_fedselect.py"
+    run = subprocess.run([sys.executable, str(launcher), "--split", str(split), "--", str(out)], cwd=code,
+                         check=True, capture_output=True, text=True)
+    report = json.loads(out.read_text())
+    assert report == {"train": 8, "test": 6, "client1": [4, 5, 6, 7], "test1": [3, 4, 5], "label": 4, "out": [1, 10]}
+    assert "\n" not in run.stdout.strip() and "0.12345679" in run.stdout  # one line, full precision
