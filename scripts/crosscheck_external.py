@@ -17,9 +17,10 @@ h5py, calmsize); ``--python`` names the interpreter that has them.
 ``--code pfedhn`` runs the official pFedHN trainer (AvivSham/pFedHN ``experiments/pfedhn/trainer.py``, one run per
 seed with its ``--seed``) through ``scripts/crosscheck_pfedhn.py``, which gives it the exported split and
 1-channel networks. The official trainer updates the hypernetwork after every single client (one client drawn at
-random per step), so a round of the shared setting is ``num_clients`` steps: it runs ``rounds x num_clients`` steps,
-evaluates after every step and keeps every ``num_clients``-th evaluation (after 20, 40, ... steps); our side runs
-one client per round for as many rounds and evaluates every ``num_clients`` rounds (the method's ``ours``).
+random per step), so a round of the shared setting is ``num_clients`` steps: it runs ``rounds x num_clients`` steps
+and evaluates every ``num_clients`` steps (after 21, 41, ..., 581 and 600 steps for 20 clients, see ``per_round``);
+our side runs one client per round for as many rounds and evaluates every ``num_clients`` rounds (the method's
+``ours``).
 """
 
 from __future__ import annotations
@@ -161,41 +162,49 @@ def pfedhn_command(spec: Mapping[str, Any], method: str, python: str, split: Pat
     s = spec["setting"]
     n = int(s["num_clients"])
     # --data-name cifar10 picks CNNHyper / CNNTarget with 10 outputs (trainer.py); the launcher gives them 1-channel
-    # inputs and our split. One client per step: rounds x num_clients steps, an evaluation after every step.
+    # inputs and our split. One client per step: rounds x num_clients steps, evaluated every num_clients steps.
     return [python, "-u", str(PFEDHN_LAUNCHER), "--split", str(split), "--",
             "--data-name", "cifar10", "--data-path", str(split), "--num-nodes", str(n),
-            "--num-steps", str(int(s["rounds"]) * n), "--batch-size", str(s["batch_size"]), "--eval-every", "1",
+            "--num-steps", str(int(s["rounds"]) * n), "--batch-size", str(s["batch_size"]), "--eval-every", str(n),
             "--save-path", str(save), "--seed", str(seed),
             *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
 
 
-def per_round(evaluations: Sequence[float], num_clients: int, rounds: int) -> list[float]:
-    """The official trainer's per-step test accuracies (fractions) -> % after every ``num_clients`` steps."""
-    if len(evaluations) != rounds * num_clients:
-        raise SystemExit(f"error: {len(evaluations)} evaluations, expected one per step = {rounds * num_clients}")
-    return [100.0 * float(a) for a in evaluations[num_clients - 1::num_clients]]
+def per_round(evaluations: Sequence[float], rounds: int) -> list[float]:
+    """The official trainer's test accuracies (fractions) with ``--eval-every num_clients`` -> % per round.
+
+    It evaluates after step indices 0, n, 2n, ... (``step % eval_every == 0``, trainer.py:187), i.e. after 1, n + 1,
+    ..., (rounds - 1) n + 1 steps, and once more after the last step: entry r (r = 1..rounds) is our round r, one
+    step (a single client's update) later than ours but for the last, which is exact. (Evaluating after every step
+    to hit n, 2n, ... exactly would cost rounds x n evaluations.)"""
+    if len(evaluations) != rounds + 1:
+        raise SystemExit(f"error: {len(evaluations)} evaluations, expected rounds + 1 = {rounds + 1}")
+    return [100.0 * float(a) for a in evaluations[1:]]
 
 
 def run_pfedhn(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
                split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
-    """Run the official pFedHN trainer once per seed on the exported split; per seed, accuracy (%) per round."""
+    """Run the official pFedHN trainer on the exported split, one process per seed (in parallel); per seed,
+    accuracy (%) per round."""
     s = spec["setting"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    start, curves, cmd = time.time(), {}, []
+    start, curves, runs = time.time(), {}, {}
     for seed in [int(x) for x in s["seeds"]]:
         save = checkout / "crosscheck_results" / f"{method}_{partition}_seed{seed}"
         shutil.rmtree(save, ignore_errors=True)
         cmd = pfedhn_command(spec, method, python, split, seed, save)
         log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
         with open(log, "w") as f:
-            proc = subprocess.run(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env)
-        if proc.returncode != 0:
+            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env), cmd,
+                          log, save)
+    for seed, (proc, cmd, log, save) in runs.items():
+        if proc.wait() != 0:
             raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
         found = sorted(save.glob(f"results_*_inner_steps_seed_{seed}.json"))
         if len(found) != 1:
             raise SystemExit(f"error: expected one results file under {save}, found {len(found)}")
         acc = json.loads(found[0].read_text())["test_avg_acc"]
-        curves[str(seed)] = per_round(acc, int(s["num_clients"]), int(s["rounds"]))
+        curves[str(seed)] = per_round(acc, int(s["rounds"]))
     shown = [f"<pflrepro>/scripts/{PFEDHN_LAUNCHER.name}" if c == str(PFEDHN_LAUNCHER) else c for c in cmd[1:]]
     shown = [c.replace(str(checkout) + "/", "") for c in shown]
     return curves, {}, shown, time.time() - start
@@ -260,7 +269,8 @@ RUNNERS = {
                "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)"},
     "pfedhn": {"run": run_pfedhn, "cwd": "./",
                "metric": "test_avg_acc (test accuracy pooled over all clients, of the models the hypernetwork "
-                         "generates) after steps num_clients, 2 num_clients, ..., rounds x num_clients, in %",
+                         "generates) after steps num_clients + 1, 2 num_clients + 1, ..., (rounds - 1) num_clients "
+                         "+ 1 and rounds x num_clients (entries 1..rounds), in %",
                "seeds_are": "the trainer's --seed (set_seed: numpy, random, torch)"},
     "fedselect": {"run": run_fedselect, "cwd": "./",
                   "metric": "the per-client test accuracies fedselect.py prints after every round's local training "

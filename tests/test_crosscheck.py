@@ -190,7 +190,8 @@ def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None
     def arg(name: str) -> str:
         return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1]  # the last occurrence wins in argparse
 
-    assert arg("--num-steps") == str(conf["rounds"]) and arg("--eval-every") == "1" and arg("--seed") == "1"
+    assert arg("--num-steps") == str(conf["rounds"]) and arg("--seed") == "1"
+    assert arg("--eval-every") == str(s["num_clients"])
     assert arg("--num-nodes") == str(conf["num_clients"]) and arg("--batch-size") == str(conf["train"]["batch_size"])
     hp = conf["method"]
     for theirs, ours in (("--inner-steps", "inner_steps"), ("--inner-lr", "inner_lr"), ("--lr", "lr"),
@@ -201,12 +202,12 @@ def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None
     assert (hp["momentum"], hp["inner_momentum"], hp["outer_clip"], hp["inner_clip"]) == (0.9, 0.9, 50, 50)
 
 
-def test_pfedhn_curve_keeps_the_evaluation_after_every_num_clients_steps() -> None:
+def test_pfedhn_curve_drops_the_evaluation_after_the_first_step() -> None:
     ext = _script("crosscheck_external")
-    steps = [i / 100 for i in range(1, 61)]
-    assert ext.per_round(steps, 20, 3) == [20.0, 40.0, 60.0]
-    with pytest.raises(SystemExit, match="expected one per step = 80"):
-        ext.per_round(steps, 20, 4)
+    evaluations = [0.1, 0.25, 0.5, 0.75]  # after steps 1, n + 1, 2n + 1 and the last (3n)
+    assert ext.per_round(evaluations, 3) == [25.0, 50.0, 75.0]
+    with pytest.raises(SystemExit, match="expected rounds \\+ 1 = 5"):
+        ext.per_round(evaluations, 4)
 
 
 FAKE_PFEDHN = {  # the interfaces of the official code the launcher relies on, and a trainer that reports what it got
