@@ -242,19 +242,21 @@ def fedselect_curve(log: str, rounds: int, test_sizes: Sequence[int]) -> list[fl
 
 def run_fedselect(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
                   split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
-    """Run the official FedSelect code once per seed on the exported split; per seed, accuracy (%) per round."""
+    """Run the official FedSelect code on the exported split, one process per seed (in parallel); per seed,
+    accuracy (%) per round."""
     s = spec["setting"]
     info = json.loads((split / "config.json").read_text())
     sizes = [sum(c["test"]) for c in info["class_counts"]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    start, curves, cmd = time.time(), {}, []
+    start, curves, runs = time.time(), {}, {}
     for seed in [int(x) for x in s["seeds"]]:
         cmd = fedselect_command(spec, method, python, split, seed, int(info["num_classes"]))
         log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
         err = log.with_suffix(".err")  # its progress bars, and any error
         with open(log, "w") as f, open(err, "w") as e:
-            proc = subprocess.run(cmd, cwd=checkout, stdout=f, stderr=e, env=env)
-        if proc.returncode != 0:
+            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=e, env=env), cmd, log, err)
+    for seed, (proc, cmd, log, err) in runs.items():
+        if proc.wait() != 0:
             raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {err}")
         curves[str(seed)] = fedselect_curve(log.read_text(), int(s["rounds"]), sizes)
     shown = [f"<pflrepro>/scripts/{FEDSELECT_LAUNCHER.name}" if c == str(FEDSELECT_LAUNCHER) else c for c in cmd[1:]]
