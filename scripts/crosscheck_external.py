@@ -4,6 +4,7 @@
         [--python /tmp/pflvenv/bin/python]
     python scripts/crosscheck_external.py --code heterofl --checkout /tmp/HeteroFL --methods heterofl
     python scripts/crosscheck_external.py --code fedrolex --checkout /tmp/FedRolex --methods fedrolex
+    python scripts/crosscheck_external.py --code pfedhn --checkout /tmp/pFedHN --methods pfedhn
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.experiment.partition.export_pfllib``), runs the external code
@@ -13,13 +14,21 @@ CPU, one repetition per seed; a method whose ``external`` says ``norm: bn`` runs
 it saves, and writes
 ``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
 exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
-h5py, calmsize; HeteroFL and FedRolex: torch, torchvision, numpy, PyYAML, anytree, tensorboard); ``--python`` names
-the interpreter that has them.
+h5py, calmsize; pFedHN and FedSelect: torch, numpy; HeteroFL and FedRolex: torch, torchvision, numpy, PyYAML,
+anytree, tensorboard); ``--python`` names the interpreter that has them.
 
 ``--code heterofl`` / ``--code fedrolex`` run the official HeteroFL / FedRolex code (a checkout of it) through
 ``scripts/crosscheck_heterofl.py``, one run per seed, on the same export, with the clients' widths, the conv
 widths and the training settings read from our run's config (``nested_command``, which refuses a config of ours
 that is not their algorithm).
+
+``--code pfedhn`` runs the official pFedHN trainer (AvivSham/pFedHN ``experiments/pfedhn/trainer.py``, one run per
+seed with its ``--seed``) through ``scripts/crosscheck_pfedhn.py``, which gives it the exported split and
+1-channel networks. The official trainer updates the hypernetwork after every single client (one client drawn at
+random per step), so a round of the shared setting is ``num_clients`` steps: it runs ``rounds x num_clients`` steps
+and evaluates every ``num_clients`` steps (after 21, 41, ..., 581 and 600 steps for 20 clients, see ``per_round``);
+our side runs one client per round for as many rounds and evaluates every ``num_clients`` rounds (the method's
+``ours``).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -54,8 +64,11 @@ from bench.experiment.partition import export_pfllib  # noqa: E402
 
 BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
 NESTED_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_heterofl.py"
-#: external code -> the folder of the checkout its code lives in (and runs from)
-CODE_DIRS = {"pfllib": "system", "heterofl": "src", "fedrolex": "."}
+PFEDHN_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedhn.py"
+FEDSELECT_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fedselect.py"
+#: the folder of each external code base that must be unmodified and that its code runs from (the rest of a
+#: snapshot may lack data files)
+CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": ".", "heterofl": "src", "fedrolex": "."}
 #: what our side must set for the official HeteroFL / FedRolex code to be the same algorithm: its gradient clipping
 #: (train_classifier_fed.py and resnet_client.py: clip_grad_norm_(..., 1)), its BatchNorm handling (HeteroFL's sBN:
 #: train_classifier_fed.py stats(); FedRolex's main_resnet.py evaluates models that track no statistics: batch
@@ -64,16 +77,15 @@ NESTED_NEEDS = {"heterofl": {"train.grad_clip": 1.0, "method.static_bn": "sbn", 
                 "fedrolex": {"train.grad_clip": 1.0, "method.static_bn": "batch", "method.scaler": True}}
 
 
-def git_commit(checkout: Path, code: str = "pfllib") -> str:
+def git_commit(checkout: Path, code_dir: str = "system") -> str:
     out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"error: {checkout} is not a git checkout (need its commit for the reference)")
     # only the code counts: a snapshot may lack the large data files PFLlib commits under dataset/
     dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no", "--",
-                            CODE_DIRS[code]], capture_output=True, text=True).stdout.strip()
+                            code_dir], capture_output=True, text=True).stdout.strip()
     if dirty:
-        raise SystemExit(f"error: {checkout}/{CODE_DIRS[code]} has local changes; the external code must run "
-                         "unmodified")
+        raise SystemExit(f"error: {checkout}/{code_dir} has local changes; the external code must run unmodified")
     return out.stdout.strip()
 
 
@@ -92,13 +104,13 @@ def same_file(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
 
 
-def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str:
-    name = pfllib_dataset_name(partition)
+def export_split(spec: Mapping[str, Any], partition: str, final: Path) -> Path:
+    """Our split of ``partition`` exported into the folder ``final`` (PFLlib's layout); the folder."""
     conf = to_container(compose_config([*setting_overrides(spec, partition), "method=fedavg", "seed=0"]))
-    final = checkout / "dataset" / name
     # written aside and moved in whole: another run of this script may be reading the folder (PFLlib re-reads a
     # client's file every round), so an existing folder is kept when identical and never rewritten
-    tmp = export_pfllib(conf, checkout / "dataset" / f".{name}.tmp-{os.getpid()}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = export_pfllib(conf, final.parent / f".{final.name}.tmp-{os.getpid()}")
     if final.exists():
         same = all(same_file(f, final / f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
         shutil.rmtree(tmp)
@@ -106,7 +118,14 @@ def export_split(spec: Mapping[str, Any], partition: str, checkout: Path) -> str
             raise SystemExit(f"error: {final} holds another split than conf/crosscheck.yaml's; remove it first")
     else:
         tmp.rename(final)
-    return name
+    return final
+
+
+def export_folder(code: str, partition: str, checkout: Path) -> Path:
+    """Where the split goes in the external checkout (PFLlib reads ``dataset/<name>`` by name)."""
+    if code in ("pfllib", "heterofl", "fedrolex"):
+        return checkout / "dataset" / pfllib_dataset_name(partition)
+    return checkout / "data" / f"crosscheck_{partition}"
 
 
 def pfllib_command(spec: Mapping[str, Any], method: str, python: str, data_name: str) -> list[str]:
@@ -217,7 +236,7 @@ def run_nested(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     """Run the official HeteroFL / FedRolex code once per seed through the launcher (the seeds at the same time, one
     thread each); per seed, accuracy per round."""
     ext = spec["methods"][method]["external"]
-    cwd = checkout / CODE_DIRS[ext["code"]]
+    cwd = checkout / CODE_DIR[ext["code"]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     curves, extra, shown = {}, {}, []
     start = time.time()
@@ -243,11 +262,146 @@ def run_nested(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     return curves, extra, shown, time.time() - start
 
 
+def pfedhn_command(spec: Mapping[str, Any], method: str, python: str, split: Path, seed: int,
+                   save: Path) -> list[str]:
+    """The official pFedHN trainer's command line for one seed, through our launcher (run from the checkout)."""
+    s = spec["setting"]
+    n = int(s["num_clients"])
+    # --data-name cifar10 picks CNNHyper / CNNTarget with 10 outputs (trainer.py); the launcher gives them 1-channel
+    # inputs and our split. One client per step: rounds x num_clients steps, evaluated every num_clients steps.
+    return [python, "-u", str(PFEDHN_LAUNCHER), "--split", str(split), "--",
+            "--data-name", "cifar10", "--data-path", str(split), "--num-nodes", str(n),
+            "--num-steps", str(int(s["rounds"]) * n), "--batch-size", str(s["batch_size"]), "--eval-every", str(n),
+            "--save-path", str(save), "--seed", str(seed),
+            *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def per_round(evaluations: Sequence[float], rounds: int) -> list[float]:
+    """The official trainer's test accuracies (fractions) with ``--eval-every num_clients`` -> % per round.
+
+    It evaluates after step indices 0, n, 2n, ... (``step % eval_every == 0``, trainer.py:187), i.e. after 1, n + 1,
+    ..., (rounds - 1) n + 1 steps, and once more after the last step: entry r (r = 1..rounds) is our round r, one
+    step (a single client's update) later than ours but for the last, which is exact. (Evaluating after every step
+    to hit n, 2n, ... exactly would cost rounds x n evaluations.)"""
+    if len(evaluations) != rounds + 1:
+        raise SystemExit(f"error: {len(evaluations)} evaluations, expected rounds + 1 = {rounds + 1}")
+    return [100.0 * float(a) for a in evaluations[1:]]
+
+
+def run_pfedhn(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+               split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
+    """Run the official pFedHN trainer on the exported split, one process per seed (in parallel); per seed,
+    accuracy (%) per round."""
+    s = spec["setting"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start, curves, runs = time.time(), {}, {}
+    for seed in [int(x) for x in s["seeds"]]:
+        save = checkout / "crosscheck_results" / f"{method}_{partition}_seed{seed}"
+        shutil.rmtree(save, ignore_errors=True)
+        cmd = pfedhn_command(spec, method, python, split, seed, save)
+        log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
+        with open(log, "w") as f:
+            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env), cmd,
+                          log, save)
+    for seed, (proc, cmd, log, save) in runs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        found = sorted(save.glob(f"results_*_inner_steps_seed_{seed}.json"))
+        if len(found) != 1:
+            raise SystemExit(f"error: expected one results file under {save}, found {len(found)}")
+        acc = json.loads(found[0].read_text())["test_avg_acc"]
+        curves[str(seed)] = per_round(acc, int(s["rounds"]))
+    shown = [f"<pflrepro>/scripts/{PFEDHN_LAUNCHER.name}" if c == str(PFEDHN_LAUNCHER) else c for c in cmd[1:]]
+    shown = [c.replace(str(checkout) + "/", "") for c in shown]
+    return curves, {}, shown, time.time() - start
+
+
+def fedselect_command(spec: Mapping[str, Any], method: str, python: str, split: Path, seed: int,
+                      num_classes: int) -> list[str]:
+    """The official FedSelect command line for one seed, through our launcher (run from the checkout)."""
+    s = spec["setting"]
+    # --frac 1.0: every client every round (fedselect.py run_base_experiment draws them once, in a random order)
+    return [python, "-u", str(FEDSELECT_LAUNCHER), "--split", str(split), "--",
+            "--num_users", str(s["num_clients"]), "--frac", "1.0", "--com_rounds", str(s["rounds"]),
+            "--lr", str(s["lr"]), "--local_bs", str(s["batch_size"]), "--num_classes", str(num_classes),
+            "--seed", str(seed), *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def fedselect_curve(log: str, rounds: int, test_sizes: Sequence[int]) -> list[float]:
+    """The pooled test accuracy (%) per round from what fedselect.py prints after every round's local training
+    (``Client Accs: tensor([...])``: each client's accuracy, in the code's own client order)."""
+    rows = re.findall(r"Client Accs:\s+tensor\(\[([^\]]*)\]\)", log)
+    if len(rows) != rounds:
+        raise SystemExit(f"error: the log holds {len(rows)} rounds of client accuracies, expected {rounds}")
+    if len(set(test_sizes)) != 1:
+        # the printed order is fedselect.py's random client order, so only equal test sizes pool without it
+        raise SystemExit(f"error: clients have unequal test sizes {sorted(set(test_sizes))}: the pooled accuracy "
+                         "cannot be read from fedselect.py's output")
+    curve = []
+    for row in rows:
+        accs = [float(a) for a in row.split(",")]
+        if len(accs) != len(test_sizes):
+            raise SystemExit(f"error: a round lists {len(accs)} client accuracies, expected {len(test_sizes)}")
+        curve.append(100.0 * sum(accs) / len(accs))
+    return curve
+
+
+def run_fedselect(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+                  split: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], list[str], float]:
+    """Run the official FedSelect code on the exported split, one process per seed (in parallel); per seed,
+    accuracy (%) per round."""
+    s = spec["setting"]
+    info = json.loads((split / "config.json").read_text())
+    sizes = [sum(c["test"]) for c in info["class_counts"]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start, curves, runs = time.time(), {}, {}
+    for seed in [int(x) for x in s["seeds"]]:
+        cmd = fedselect_command(spec, method, python, split, seed, int(info["num_classes"]))
+        log = checkout / f"crosscheck_{method}_{partition}_seed{seed}.log"
+        err = log.with_suffix(".err")  # its progress bars, and any error
+        with open(log, "w") as f, open(err, "w") as e:
+            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=e, env=env), cmd, log, err)
+    for seed, (proc, cmd, log, err) in runs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {err}")
+        curves[str(seed)] = fedselect_curve(log.read_text(), int(s["rounds"]), sizes)
+    shown = [f"<pflrepro>/scripts/{FEDSELECT_LAUNCHER.name}" if c == str(FEDSELECT_LAUNCHER) else c for c in cmd[1:]]
+    shown = [c.replace(str(checkout) + "/", "") for c in shown]
+    return curves, {}, shown, time.time() - start
+
+
+#: per external code: how it runs, where it runs from, what its metric and seeds are
+RUNNERS = {
+    "pfllib": {"run": run_pfllib, "cwd": "system/",
+               "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
+               "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at start)"},
+    "pfedhn": {"run": run_pfedhn, "cwd": "./",
+               "metric": "test_avg_acc (test accuracy pooled over all clients, of the models the hypernetwork "
+                         "generates) after steps num_clients + 1, 2 num_clients + 1, ..., (rounds - 1) num_clients "
+                         "+ 1 and rounds x num_clients (entries 1..rounds), in %",
+               "seeds_are": "the trainer's --seed (set_seed: numpy, random, torch)"},
+    "fedselect": {"run": run_fedselect, "cwd": "./",
+                  "metric": "the per-client test accuracies fedselect.py prints after every round's local training "
+                            "(before the server average; our stage pre), averaged over clients of equal test "
+                            "size (= pooled), in %",
+                  "seeds_are": "fedselect.py's --seed (setup_seed: torch, numpy, random)"},
+    **{code: {"run": run_nested, "cwd": CODE_DIR[code] + "/",
+              "metric": "test accuracy pooled over all clients of the model each client holds after the round (its "
+                        "width's model with its slice of the new global model; scripts/crosscheck_heterofl.py), rounds "
+                        "1..rounds, in %",
+              "seeds_are": "their seed (torch.manual_seed at the start of the run)"}
+       for code in ("heterofl", "fedrolex")},
+}
+#: what a runner's second result is, kept in the reference: PFLlib's evaluations after the last round (FedBABU's
+#: fine-tuned models), the nested codes' own metrics
+EXTRA_KEY = {"pfllib": "trailing", "pfedhn": "trailing", "fedselect": "trailing", "heterofl": "their_metrics",
+             "fedrolex": "their_metrics"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", required=True, help="a git checkout of the external code (see --code)")
-    parser.add_argument("--code", default="pfllib", choices=sorted(CODE_DIRS),
-                        help="which external code the checkout holds (conf/crosscheck.yaml's external.code)")
+    parser.add_argument("--checkout", required=True, help="a git checkout of the external code")
+    parser.add_argument("--code", choices=sorted(RUNNERS), default="pfllib", help="which external code it is")
     parser.add_argument("--methods", nargs="+", help="default: every method whose external code is --code")
     parser.add_argument("--partitions", nargs="+")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for the external code")
@@ -259,47 +413,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = with_seeds(load_spec(args.spec), args.seeds)
     checkout = Path(args.checkout).resolve()
-    commit = git_commit(checkout, args.code)
+    commit = git_commit(checkout, CODE_DIR[args.code])
+    runner = RUNNERS[args.code]
     methods = args.methods or [m for m, v in spec["methods"].items() if v["external"]["code"] == args.code]
-    exported: dict[str, str] = {}
+    exported: dict[str, Path] = {}
     for method in methods:
         if method not in spec["methods"]:
             raise SystemExit(f"error: unknown method {method!r}; conf/crosscheck.yaml has {', '.join(spec['methods'])}")
         ext = spec["methods"][method]["external"]
         if ext["code"] != args.code:
-            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}, not --code {args.code}")
+            raise SystemExit(f"error: {method}'s external code is {ext['code']!r}, not --code {args.code}; run it "
+                             f"with --code {ext['code']} and a checkout of {spec['external'][ext['code']]['repo']}")
         for partition in method_partitions(spec, method):
             if args.partitions and partition not in args.partitions:
                 continue
             if partition not in exported:
-                exported[partition] = export_split(spec, partition, checkout)
-            if args.code == "pfllib":
-                curves, extra, cmd, seconds = run_pfllib(spec, method, partition, checkout, args.python,
-                                                         exported[partition])
-                about = {**({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
-                            if ext.get("norm", "none") == "bn" else {}),
-                         "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
-                         "seeds_are": "PFLlib's -t repetitions 0..n-1 (no seed option; torch.manual_seed(0) at "
-                                      "start)",
-                         **({"trailing": extra} if extra else {})}
-            else:
-                curves, extra, cmd, seconds = run_nested(spec, method, partition, checkout, args.python,
-                                                         exported[partition])
-                about = {"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates "
-                                  "as in the command",
-                         "metric": "test accuracy pooled over all clients of the model each client holds after the "
-                                   "round (its width's model with its slice of the new global model; "
-                                   "scripts/crosscheck_heterofl.py), rounds 1..rounds, in %",
-                         "seeds_are": "their seed (torch.manual_seed at the start of the run)",
-                         "their_metrics": extra}
+                exported[partition] = export_split(spec, partition, export_folder(args.code, partition, checkout))
+            data = exported[partition].name if args.code in ("pfllib", "heterofl", "fedrolex") else exported[partition]
+            curves, extra, cmd, seconds = runner["run"](spec, method, partition, checkout, args.python, data)
             out = Path(args.results) / method / f"reference_{partition}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             ref = {"method": method, "partition": partition,
                    "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
-                                "algo": ext["algo"], "command": cmd, "cwd": CODE_DIRS[args.code] + "/"},
+                                "algo": ext["algo"], "command": cmd, "cwd": runner["cwd"]},
+                   **({"model": "FedAvgCNN with BatchNorm2d after each conv (scripts/pfllib_bn_cnn.py)"}
+                      if ext.get("norm", "none") == "bn" else {}),
+                   **({"model": "the official CNNHyper / CNNTarget with in_channels=1 on the images zero-padded to "
+                               "32x32 (scripts/crosscheck_pfedhn.py)"} if args.code == "pfedhn" else {}),
+                   **({"model": "PFLlib's FedAvgCNN (our cnn_fedavg) in place of ResNet-18, classifier named fc "
+                               "(scripts/crosscheck_fedselect.py)"} if args.code == "fedselect" else {}),
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
+                   "metric": runner["metric"], "seeds_are": runner["seeds_are"],
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
-                   "seconds": round(seconds, 1), "curves": curves, **about}
+                   **({"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates as "
+                               "in the command"} if args.code in ("heterofl", "fedrolex") else {}),
+                   "seconds": round(seconds, 1), "curves": curves, **({EXTRA_KEY[args.code]: extra} if extra else {})}
             out.write_text(json.dumps(ref, indent=1) + "\n")
             best = sum(max(c) for c in curves.values()) / len(curves)
             final = sum(c[-1] for c in curves.values()) / len(curves)

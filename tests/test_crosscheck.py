@@ -364,3 +364,201 @@ def test_nested_launcher_reads_our_export_and_recollects_statistics_with_scalers
         means = [conv(b).mean((0, 2, 3)) for b in batches]
     torch.testing.assert_close(bn.running_mean, sum(means) / 3)  # unscaled: the scaler in eval mode
     assert not model.training and not model[1].training
+
+
+def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None:
+    """The official trainer updates the hypernetwork after one client per step: ours runs one client per round for
+    rounds x num_clients rounds, evaluated every num_clients rounds, with the hyperparameters theirs gets."""
+    from bench.experiment.crosscheck import our_overrides
+
+    ext = _script("crosscheck_external")
+    spec = load_spec()
+    s = spec["setting"]
+    conf = to_container(compose_config(our_overrides(spec, "pfedhn", "pat", 0)))
+    assert round(conf["participation"] * conf["num_clients"]) == 1
+    assert conf["rounds"] == s["rounds"] * s["num_clients"] and conf["eval"]["every"] == s["num_clients"]
+    cmd = ext.pfedhn_command(spec, "pfedhn", "py", Path("S"), 1, Path("R"))
+    assert cmd[:3] == ["py", "-u", str(ext.PFEDHN_LAUNCHER)]
+
+    def arg(name: str) -> str:
+        return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1]  # the last occurrence wins in argparse
+
+    assert arg("--num-steps") == str(conf["rounds"]) and arg("--seed") == "1"
+    assert arg("--eval-every") == str(s["num_clients"])
+    assert arg("--num-nodes") == str(conf["num_clients"]) and arg("--batch-size") == str(conf["train"]["batch_size"])
+    hp = conf["method"]
+    for theirs, ours in (("--inner-steps", "inner_steps"), ("--inner-lr", "inner_lr"), ("--lr", "lr"),
+                         ("--inner-wd", "inner_weight_decay"), ("--wd", "weight_decay"),
+                         ("--hyper-hid", "hidden_dim"), ("--n-hidden", "hidden_layers")):
+        assert float(arg(theirs)) == float(hp[ours]), theirs
+    assert arg("--embed-dim") == "-1" and hp["embed_dim"] is None  # both: 1 + N / 4
+    assert (hp["momentum"], hp["inner_momentum"], hp["outer_clip"], hp["inner_clip"]) == (0.9, 0.9, 50, 50)
+
+
+def test_pfedhn_curve_drops_the_evaluation_after_the_first_step() -> None:
+    ext = _script("crosscheck_external")
+    evaluations = [0.1, 0.25, 0.5, 0.75]  # after steps 1, n + 1, 2n + 1 and the last (3n)
+    assert ext.per_round(evaluations, 3) == [25.0, 50.0, 75.0]
+    with pytest.raises(SystemExit, match="expected rounds \\+ 1 = 5"):
+        ext.per_round(evaluations, 4)
+
+
+FAKE_PFEDHN = {  # the interfaces of the official code the launcher relies on, and a trainer that reports what it got
+    "models.py": """
+class CNNHyper:
+    def __init__(self, n_nodes, embedding_dim, in_channels=3, out_dim=10, n_kernels=16, hidden_dim=100,
+                 spec_norm=False, n_hidden=1):
+        self.in_channels = in_channels
+
+
+class CNNTarget:
+    def __init__(self, in_channels=3, n_kernels=16, out_dim=10):
+        super(CNNTarget, self).__init__()  # as the official class: the name must stay the class
+        self.in_channels = in_channels
+""",
+    "node.py": """
+class BaseNodes:
+    def __init__(self, data_name, data_path, n_nodes, batch_size=128, classes_per_node=2):
+        self.n_nodes, self.batch_size = n_nodes, batch_size
+        self._init_dataloaders()
+
+    def _init_dataloaders(self):
+        raise RuntimeError("CIFAR only")
+""",
+    "trainer.py": """
+import json, sys
+from experiments.pfedhn.models import CNNHyper, CNNTarget
+from experiments.pfedhn.node import BaseNodes
+
+if __name__ == "__main__":
+    nodes = BaseNodes("cifar10", "x", int(sys.argv[2]), batch_size=int(sys.argv[3]))
+    x, y = next(iter(nodes.train_loaders[1]))
+    report = {"hyper": CNNHyper(2, 3).in_channels, "target": CNNTarget(n_kernels=16).in_channels,
+              "shape": list(x.shape), "border": float(x[..., :2].abs().sum()), "labels": sorted(set(y.tolist())),
+              "val": [len(nodes.val_loaders[1].dataset), int(next(iter(nodes.val_loaders[1]))[1][0])],
+              "test_batch": len(next(iter(nodes.test_loaders[0]))[1]),
+              "shuffled": [type(l.sampler).__name__ for l in (nodes.train_loaders[0], nodes.test_loaders[0])],
+              "test_sizes": [len(l.dataset) for l in nodes.test_loaders]}
+    open(sys.argv[1], "w").write(json.dumps(report))
+""",
+}
+
+
+def test_pfedhn_launcher_gives_the_official_trainer_our_split_and_one_channel_networks(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    split = tmp_path / "split"
+    for part, n in (("train", 4), ("test", 3)):
+        (split / part).mkdir(parents=True)
+        for cid in range(2):
+            x = np.random.default_rng(cid).normal(size=(n, 1, 28, 28)).astype(np.float32) + 5.0
+            with open(split / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": np.full(n, 3 + cid, dtype=np.int64)})
+    code = tmp_path / "checkout" / "experiments" / "pfedhn"
+    code.mkdir(parents=True)
+    (code.parent / "__init__.py").write_text("")
+    (code / "__init__.py").write_text("")
+    for name, text in FAKE_PFEDHN.items():
+        (code / name).write_text(text)
+    out = tmp_path / "report.json"
+    launcher = ROOT / "scripts" / "crosscheck_pfedhn.py"
+    subprocess.run([sys.executable, str(launcher), "--split", str(split), "--", str(out), "2", "4"],
+                   cwd=code.parent.parent, check=True)
+    report = json.loads(out.read_text())
+    assert report["hyper"] == report["target"] == 1
+    assert report["shape"] == [4, 1, 32, 32] and report["border"] == 0.0  # zero-padded 28 -> 32
+    assert report["labels"] == [4] and report["test_sizes"] == [3, 3]
+    assert report["val"] == [1, 4] and report["test_batch"] == 3  # one training sample; a client's test set at once
+    assert report["shuffled"] == ["RandomSampler", "RandomSampler"]  # as the official loaders (dataset.py)
+    bad = subprocess.run([sys.executable, str(launcher), "--split", str(split), "--pad-to", "31", "--", str(out),
+                          "2", "4"], cwd=code.parent.parent, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--pad-to 31 cannot centre 28x28 images" in bad.stderr
+
+
+def test_a_method_may_compare_the_pre_aggregation_stage_and_state_its_own_settings(tmp_path: Path) -> None:
+    from bench.experiment.crosscheck import stage, table_markdown
+
+    spec = yaml.safe_load(_tiny_spec(tmp_path).read_text())
+    assert stage(spec, "fedavg") == "post"
+    spec["methods"]["fedavg"].update(stage="pre", settings="five local epochs")
+    assert stage(spec, "fedavg") == "pre"
+    assert "fedavg: five local epochs" in table_markdown(spec, [])
+    spec["methods"]["fedavg"]["stage"] = "later"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match="stage 'later' is invalid"):
+        load_spec(bad)
+
+
+def test_fedselect_curve_pools_the_printed_client_accuracies_of_every_round() -> None:
+    ext = _script("crosscheck_external")
+    log = ("100%|###| 1/1\nClient Accs:  tensor([0.90000000, 0.80000000])  | Mean:  tensor(0.85000000)\n"
+           "noise\nClient Accs:  tensor([1.00000000, 0.70000000])  | Mean:  tensor(0.85000000)\n")
+    assert ext.fedselect_curve(log, 2, [100, 100]) == pytest.approx([85.0, 85.0])
+    with pytest.raises(SystemExit, match="holds 2 rounds of client accuracies, expected 3"):
+        ext.fedselect_curve(log, 3, [100, 100])
+    with pytest.raises(SystemExit, match="unequal test sizes"):
+        ext.fedselect_curve(log, 2, [100, 50])
+    with pytest.raises(SystemExit, match="lists 2 client accuracies, expected 3"):
+        ext.fedselect_curve(log, 2, [100, 100, 100])
+
+
+def test_fedselect_launcher_model_is_our_cnn_fedavg_with_the_classifier_named_fc() -> None:
+    from bench.core.models import build_model
+
+    theirs = _script("crosscheck_fedselect").fedavg_cnn(1, 10, 28)
+    ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28)
+    t_state, o_state = theirs.state_dict(), ours.state_dict()
+    assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
+    assert list(t_state)[-2:] == ["fc.weight", "fc.bias"] and theirs.fc.in_features == 512
+    assert all("weight" in n or "bias" in n for n in t_state)  # the official masks cover weights and biases
+    theirs.load_state_dict(dict(zip(t_state, o_state.values(), strict=True)))
+    x = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(theirs(x), ours(x))
+
+
+FAKE_FEDSELECT = {  # the interfaces of the official code the launcher relies on, and a main that reports them
+    "utils/__init__.py": "",
+    "utils/train_utils.py": "def get_data(args):\n    raise RuntimeError('CIFAR-10 only')\n",
+    "fedselect.py": """
+import json, sys
+import torch
+from torchvision.models import resnet18
+from utils.train_utils import get_data
+
+if __name__ == "__main__":
+    train, test, users_train, users_test, labels = get_data(None)
+    model = resnet18(pretrained=False)
+    model.fc = torch.nn.Linear(model.fc.in_features, 10)
+    x, y = train[users_train[1][0]]
+    print("Client Accs: ", torch.tensor([0.123456789] * 30))
+    report = {"train": len(train), "test": len(test), "client1": [int(i) for i in users_train[1]],
+              "test1": [int(i) for i in users_test[1]], "label": int(y), "out": list(model(x[None]).shape)}
+    open(sys.argv[1], "w").write(json.dumps(report))
+""",
+}
+
+
+def test_fedselect_launcher_gives_the_official_code_our_split_and_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    split = tmp_path / "split"
+    for part, n in (("train", 4), ("test", 3)):
+        (split / part).mkdir(parents=True)
+        for cid in range(2):
+            x = np.random.default_rng(cid).normal(size=(n, 1, 28, 28)).astype(np.float32)
+            with open(split / part / f"{cid}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": np.full(n, 3 + cid, dtype=np.int64)})
+    code = tmp_path / "checkout"
+    for name, text in FAKE_FEDSELECT.items():
+        (code / name).parent.mkdir(parents=True, exist_ok=True)
+        (code / name).write_text(text)
+    out = tmp_path / "report.json"
+    launcher = ROOT / "scripts" / "crosscheck_fedselect.py"
+    run = subprocess.run([sys.executable, str(launcher), "--split", str(split), "--", str(out)], cwd=code,
+                         check=True, capture_output=True, text=True)
+    report = json.loads(out.read_text())
+    assert report == {"train": 8, "test": 6, "client1": [4, 5, 6, 7], "test1": [3, 4, 5], "label": 4, "out": [1, 10]}
+    assert "\n" not in run.stdout.strip() and "0.12345679" in run.stdout  # one line, full precision

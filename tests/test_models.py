@@ -41,6 +41,7 @@ INPUTS = {  # name -> (in_channels, image_size, num_classes) at the intended inp
     "resnet8": (3, 32, 10), "resnet10": (3, 64, 200), "resnet18": (3, 32, 10), "cnn_cifar100": (3, 32, 100),
     "cnn_fmnist": (1, 28, 10), "lenet64": (3, 64, 10), "small_cnn": (1, 8, 10), "cnn_fedavg": (1, 28, 10),
     "cnn_heterofl": (1, 28, 10),
+    "cnn_pfedhn": (3, 32, 10),
 }
 
 
@@ -306,6 +307,23 @@ def test_small_cnn_optional_batchnorm():
     assert sum(isinstance(m, nn.BatchNorm2d) for m in bn_model.modules()) == 2
     with pytest.raises(ValueError, match="model.options.norm='gn'"):
         make("small_cnn", norm="gn")
+
+
+def test_cnn_pfedhn_is_the_official_target_and_pads_28x28_like_32x32():
+    """pFedHN's CNNTarget (n_kernels 16): 121,182 parameters on CIFAR-10; with conv1_padding=2 a 28x28 input gives
+    the logits the same weights give on the input zero-padded to 32x32."""
+    conv1, conv2 = 3 * 16 * 25 + 16, 16 * 32 * 25 + 32
+    assert count(make("cnn_pfedhn")) == conv1 + conv2 + (800 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10) == 121_182
+    padded = build_model("cnn_pfedhn", num_classes=10, in_channels=1, image_size=28, conv1_padding=2)
+    plain = build_model("cnn_pfedhn", num_classes=10, in_channels=1, image_size=32)
+    assert [p.shape for p in padded.parameters()] == [p.shape for p in plain.parameters()]
+    plain.load_state_dict(padded.state_dict())
+    x = torch.randn(4, 1, 28, 28)
+    torch.testing.assert_close(padded(x), plain(nn.functional.pad(x, (2, 2, 2, 2))), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="model.options.norm='bn' is invalid for cnn_pfedhn"):
+        make("cnn_pfedhn", norm="bn")
+    with pytest.raises(ValueError, match="conv1_padding=-1 is invalid"):
+        make("cnn_pfedhn", conv1_padding=-1)
 
 
 def test_cnn_fedavg_batchnorm_option_and_bad_norm():

@@ -54,6 +54,7 @@ def load_spec(path: str | Path = SPEC) -> dict[str, Any]:
         if m["external"]["code"] not in spec["external"]:
             raise ValueError(f"{path}: method {name!r} names external code {m['external']['code']!r}, which is not "
                              f"under 'external:' ({', '.join(spec['external'])})")
+        stage(spec, name)
     return spec
 
 
@@ -84,6 +85,15 @@ def setting_overrides(spec: Mapping[str, Any], partition: str, method: str | Non
             "train.momentum=0.0", "train.weight_decay=0.0", f"train.batch_size={s['batch_size']}",
             f"train.epochs={s['epochs']}", "train.drop_last=true", "eval.every=1", "eval.primary.stage=post",
             "eval.primary.selection=final", "eval.primary.weighting=weighted", *spec["partitions"][partition]]
+
+
+def stage(spec: Mapping[str, Any], method: str) -> str:
+    """The evaluation stage compared (``stage``: ``post`` = after aggregation, the default; ``pre`` = after local
+    training, for an external code that evaluates before its server step)."""
+    value = spec["methods"][method].get("stage", "post")
+    if value not in ("pre", "post"):
+        raise ValueError(f"{method}: stage {value!r} is invalid: use 'post' or 'pre'")
+    return value
 
 
 def our_overrides(spec: Mapping[str, Any], method: str, partition: str, seed: int) -> list[str]:
@@ -171,7 +181,7 @@ def run_ours(spec: Mapping[str, Any], jobs: Sequence[tuple[str, str, int]], out_
         found = sorted(out.glob("crosscheck/*/*/rounds.jsonl"))
         if len(found) != 1:
             raise RuntimeError(f"expected one run under {out}, found {len(found)}")
-        return curve_from_records(found[0])
+        return curve_from_records(found[0], stage(spec, method))
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return dict(zip(jobs, pool.map(one, jobs), strict=True))
@@ -274,6 +284,10 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
     if missing:
         lines += ["", "Methods with no public implementation to check against: "
                   + "; ".join(f"{m} ({why})" for m, why in spec["no_public_code"].items()) + "."]
+    own = {m: v["settings"] for m, v in spec["methods"].items() if v.get("settings")}
+    if own:
+        lines += ["", "Methods with their own settings (where the algorithm needs them; `conf/crosscheck.yaml`): "
+                  + "; ".join(f"{m}: {text}" for m, text in own.items()) + "."]
     unchecked = spec.get("not_checked") or {}
     if unchecked:
         lines += ["", "Not cross-checked yet: " + "; ".join(f"{m} ({why})" for m, why in unchecked.items()) + "."]
@@ -323,7 +337,8 @@ def write_outputs(spec: Mapping[str, Any], results: Path, rows: Sequence[Mapping
         (results / m).mkdir(parents=True, exist_ok=True)
         (results / m / f"ours_{p}.json").write_text(json.dumps(
             {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, seeds[0])[:-1],
-             "seeds": seeds, "metric": "weighted_acc, stage post, every round", "curves": ours}, indent=1) + "\n")
+             "seeds": seeds, "metric": f"weighted_acc, stage {stage(spec, m)}, every evaluation", "curves": ours},
+            indent=1) + "\n")
         ref = load_reference(results, m, p)
         figure(results / "figures" / f"{m}-{p}.png", m, p, ours, ref["curves"], ref["external"]["repo"])
     fresh = {(r["method"], r["partition"]): r for r in rows}

@@ -120,6 +120,7 @@ GROUP_KEYS: dict[str, str] = {
     "model/cnn_fedavg": "name width options.norm pretrained",
     "model/cnn_fmnist": "name width options pretrained",
     "model/cnn_heterofl": "name width options.channels options.norm pretrained",  # new model: moves no old run
+    "model/cnn_pfedhn": "name width options.norm options.conv1_padding pretrained",
     "model/lenet64": "name width options pretrained",
     "model/resnet10": "name width options pretrained",
     "model/resnet18": "name width options.norm options.gn_groups pretrained",
