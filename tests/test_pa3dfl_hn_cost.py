@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: small_cnn with conv 16 and 32 channels, FC 32, on 1 x 16 x 16 inputs, 10 classes
 TINY = ("model.options.channels=[16,32]", "model.options.hidden=32")
 #: |V_l| = T/R1 x S x R2 by hand (R1 = p_min T = T/8: the weakest of the 6 clients has r = 0.044, so p = 1/8; conv
-#: R2 = min(R1 k^2, T/R1 x S)): conv1 8 x 1 x 8 (R2 = min(18, 8)), conv2 8 x 16 x 36 (R2 = min(36, 128)), FC 8 x (32
-#: channels x 4 x 4 after two max-pools of 16 x 16) x 4 (R2 = R1), local head 10 x 32 + 10 biases
-SIZES = [8 * 1 * 8, 8 * 16 * 36, 8 * 512 * 4, 10 * 32 + 10]
+#: R2 = min(round(rank_scale R1 k^2), T/R1 x S) with the default rank_scale 0.75): conv1 8 x 1 x 8 (R2 = min(14, 8)),
+#: conv2 8 x 16 x 27 (R2 = min(27, 128)), FC 8 x (32 channels x 4 x 4 after two max-pools of 16 x 16) x 4 (R2 = R1),
+#: local head 10 x 32 + 10 biases
+SIZES = [8 * 1 * 8, 8 * 16 * 27, 8 * 512 * 4, 10 * 32 + 10]
 
 
 def tiny(**changes) -> cost.Setting:
@@ -37,10 +38,10 @@ def test_a_tiny_configuration_gives_positive_times_and_the_hand_counted_paramete
     finally:
         torch.set_num_threads(threads)
     assert result["participants"] == 3 and result["generated_layers"] == 4
-    assert result["generated_entries"] == sum(SIZES) == 21386
+    assert result["generated_entries"] == sum(SIZES) == 20234
     # embeddings 6 x 3, encoder Linear(3, 5) and one more Linear(5, 5), 4 temperatures, decoders Linear(5, |V_l|)
     by_hand = 6 * 3 + (3 * 5 + 5) + (5 * 5 + 5) + 4 + sum(6 * n for n in SIZES)
-    assert result["hn_params"] == by_hand == 128388
+    assert result["hn_params"] == by_hand == 121476
     assert result["hn_params"] == cost.hn_params_by_sizes(6, 3, 5, 2, SIZES)
     assert result["hn_mb"] == pytest.approx(4 * by_hand / 1e6)
     assert result["generation_s"] > 0 and result["update_s"] > 0
