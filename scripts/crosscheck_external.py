@@ -72,9 +72,11 @@ CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": ".", "hete
 #: what our side must set for the official HeteroFL / FedRolex code to be the same algorithm: its gradient clipping
 #: (train_classifier_fed.py and resnet_client.py: clip_grad_norm_(..., 1)), its BatchNorm handling (HeteroFL's sBN:
 #: train_classifier_fed.py stats(); FedRolex's main_resnet.py evaluates models that track no statistics: batch
-#: statistics) and its scaler
+#: statistics) and its scaler; FedRolex's server rolls the window backward (resnet_server.py:101-109) and
+#: averages as our weights=update_counts does (its combine with the launcher's --weighting avg)
 NESTED_NEEDS = {"heterofl": {"train.grad_clip": 1.0, "method.static_bn": "sbn", "method.scaler": True},
-                "fedrolex": {"train.grad_clip": 1.0, "method.static_bn": "batch", "method.scaler": True}}
+                "fedrolex": {"train.grad_clip": 1.0, "method.static_bn": "batch", "method.scaler": True,
+                             "method.window": "backward", "method.weights": "update_counts"}}
 
 
 def git_commit(checkout: Path, code_dir: str = "system") -> str:

@@ -275,7 +275,8 @@ def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_an
             str(s["rounds"]), str(s["lr"]), str(s["batch_size"]), str(s["epochs"]), "1"]
     fedrolex = spec["methods"]["fedrolex"]
     for dropped, named in (("method.static_bn=batch", "static_bn"), ("train.grad_clip=1.0", "grad_clip"),
-                           ("method.label_mask=true", "label_mask")):
+                           ("method.label_mask=true", "label_mask"), ("method.window=backward", "window"),
+                           ("method.weights=update_counts", "weights")):
         ours = [o for o in fedrolex["ours"] if o != dropped]
         bad = {**spec, "methods": {**spec["methods"], "fedrolex": {**fedrolex, "ours": ours}}}
         with pytest.raises(SystemExit, match=f"{named}=.*theirs"):

@@ -205,6 +205,40 @@ def test_fedrolex_windows_roll_by_one_channel_per_round_and_wrap_round(tmp_path)
     assert method.positions(1.0, 30) is None  # full width: every entry, whatever the round
 
 
+def test_fedrolex_backward_window_rolls_the_other_way_as_the_official_server_does(tmp_path):
+    exp = experiment(tmp_path, "method=fedrolex", *GRID, "method.window=backward")
+    method, full = exp.method, exp.fed.worker
+    conv, full_conv = exp.fed.worker_for(0.5625).entry("body.0.bias"), full.entry("body.0.bias")
+    for round_ in (30, 31, 32):  # torch.roll(arange(C), t)[:k]: channels (j - t) mod C
+        at = method.positions(0.5625, round_)[conv.slice] - full_conv.offset
+        assert at.tolist() == torch.roll(torch.arange(32), round_)[:18].tolist() == [(j - round_) % 32
+                                                                                    for j in range(18)]
+
+
+def test_fedrolex_update_counts_weights_plain_mean_for_matrices_and_update_counts_counted_up_in_the_round(tmp_path):
+    exp = experiment(tmp_path, "method=fedrolex", *GRID, "method.weights=update_counts")
+    method, full, old = exp.method, exp.fed.worker, exp.method.state["global"].clone()
+    method.begin_round(1, [0, 3])
+    for cid, shift in ((0, 1.0), (3, 3.0)):  # width 1/4, then full width
+        worker = method.client_worker(cid, "train")
+        worker.load(method.client_model(cid) + shift)
+        method.upload(task(exp, cid), worker)
+    method.aggregate(1, [0, 3])
+    both = torch.zeros(exp.fed.size, dtype=torch.bool)
+    both[method.positions(0.25, 1)] = True
+    counted = full.mask(lambda e: len(e.shape) <= 1 or e.name == "head.weight")
+    matrices = ~counted
+    assert bool((both & counted).any()) and bool((both & matrices).any())
+    delta = method.state["global"] - old
+    # matrices: (1 + 3) / 2; counted entries: weights 1 (its count) and 1 + 1 (counted up by the first upload)
+    assert torch.allclose(delta[both & matrices], torch.tensor(2.0))
+    assert torch.allclose(delta[both & counted], torch.tensor((1 * 1.0 + 2 * 3.0) / 3))
+    assert torch.allclose(delta[~both], torch.tensor(3.0))
+    assert torch.equal(method.state["updates"], torch.where(both, 3.0, 2.0).double())
+    with pytest.raises(ValueError, match="method.weights='nk'"):
+        experiment(tmp_path / "bad", "method=fedrolex", "method.weights=nk")
+
+
 def test_fjord_samples_nested_widths_never_wider_than_the_client(tmp_path):
     exp = experiment(tmp_path, "method=fjord", *GRID, "method.width_rule=multiple", "method.width_step=0.0625")
     method, full = exp.method, exp.fed.worker

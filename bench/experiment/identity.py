@@ -72,6 +72,8 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "method.layer_order": _equals("recover"),
     "method.round1_critical": _equals("customized"),
     "method.label_mask": _equals(False),  # FedRolex's (HeteroFL's default, true, stays in its hash)
+    "method.weights": _equals("samples"),  # FedRolex's
+    "method.window": _equals("forward"),  # FedRolex's
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }
