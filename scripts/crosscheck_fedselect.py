@@ -25,12 +25,14 @@ code as it is. Needs torch, torchvision, numpy and tqdm.
 from __future__ import annotations
 
 import argparse
-import os
 import runpy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared launcher helpers beside this file
+from crosscheck_launch import SPLIT_HELP, split_and_code_args  # noqa: E402
 
 
 def fedavg_cnn(in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> Any:
@@ -74,14 +76,10 @@ def exported_data(split: Path) -> tuple[Any, Any, dict[int, Any], dict[int, Any]
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--split", required=True, help="the folder `bench.partition export --format pfllib` wrote")
+    parser.add_argument("--split", required=True, help=SPLIT_HELP)
     parser.add_argument("code_args", nargs=argparse.REMAINDER, help="-- then fedselect.py's arguments")
     args = parser.parse_args(argv)
-    rest = args.code_args[1:] if args.code_args[:1] == ["--"] else args.code_args
-    split = Path(args.split).resolve()
-    if not (split / "train").is_dir():
-        raise SystemExit(f"error: {split} has no train/ folder: export the split with bench.partition first")
-    sys.path.insert(0, os.getcwd())
+    split, rest = split_and_code_args(args.split, args.code_args)
     import torch
     import torchvision.models
     import utils.train_utils as train_utils  # the checkout's code

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import runpy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared launcher helpers beside this file
+from crosscheck_launch import SPLIT_HELP, split_and_code_args  # noqa: E402
 
 
 def load_client(path: Path, pad_to: int) -> tuple[object, object]:
@@ -94,17 +96,13 @@ def set_default(cls: type, name: str, value: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--split", required=True, help="the folder `bench.partition export --format pfllib` wrote")
+    parser.add_argument("--split", required=True, help=SPLIT_HELP)
     parser.add_argument("--pad-to", type=int, default=32, help="zero-pad the images to this size (CNNTarget: 32)")
     parser.add_argument("--eval-batch-size", type=int, default=0,
                         help="batch size of the validation and test loaders (0: a client's whole part)")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then the official trainer's arguments")
     args = parser.parse_args(argv)
-    rest = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    split = Path(args.split).resolve()
-    if not (split / "train").is_dir():
-        raise SystemExit(f"error: {split} has no train/ folder: export the split with bench.partition first")
-    sys.path.insert(0, os.getcwd())
+    split, rest = split_and_code_args(args.split, args.trainer_args)
     import experiments.pfedhn.models as models  # the checkout's code
     import experiments.pfedhn.node as node
 

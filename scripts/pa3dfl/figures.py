@@ -690,15 +690,18 @@ def panels_for(scale: str, out_dir: str, runs: Sequence[Path] | None, columns: S
     return given_runs(runs) if runs else table_runs(SPEC, scale, out_dir, columns, rows, results)
 
 
+def skipped(name: str, scale: str, out_dir: str) -> list[Path]:
+    """No figure: say why and how to make its runs."""
+    print(f"skipped {name}: no finished Hetero runs of Table 1 under {out_dir} (make pa3dfl-table1 SCALE={scale})")
+    return []
+
+
 def fig2(scale: str = "mini", out_dir: str = "runs", results: str = "results", runs: Sequence[Path] | None = None,
          columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
     """Capacity-specific accuracy (module docstring); [] with a message when no finished runs exist."""
-    spec = load_spec(SPEC)
-    panels = panels_for(scale, out_dir, runs, columns, rows, results)
+    spec, panels = load_spec(SPEC), panels_for(scale, out_dir, runs, columns, rows, results)
     if not panels:
-        print(f"skipped fig2: no finished Hetero runs of Table 1 under {out_dir} "
-              f"(make pa3dfl-table1 SCALE={scale})")
-        return []
+        return skipped("fig2", scale, out_dir)
     data = fig2_data(panels, spec["protocol"])
     base = output_base("pa3dfl", "figures", scale, results) / ("fig2_capacity_accuracy" + ("_runs" if runs else ""))
     return [*draw_fig2(data, base, scale, spec["protocol"], spec.get("compare")), write_csv(data, base)]
@@ -707,12 +710,9 @@ def fig2(scale: str = "mini", out_dir: str = "runs", results: str = "results", r
 def fig3(scale: str = "mini", out_dir: str = "runs", results: str = "results", runs: Sequence[Path] | None = None,
          columns: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> list[Path]:
     """Learning curves (module docstring); [] with a message when no finished runs exist."""
-    spec = load_spec(SPEC)
-    panels = panels_for(scale, out_dir, runs, columns, rows, results)
+    spec, panels = load_spec(SPEC), panels_for(scale, out_dir, runs, columns, rows, results)
     if not panels:
-        print(f"skipped fig3: no finished Hetero runs of Table 1 under {out_dir} "
-              f"(make pa3dfl-table1 SCALE={scale})")
-        return []
+        return skipped("fig3", scale, out_dir)
     stage = spec["protocol"]["stage"]
     data = fig3_data(panels, stage)
     base = output_base("pa3dfl", "figures", scale, results) / ("fig3_learning_curves" + ("_runs" if runs else ""))
