@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if args.code == "fedrolex":
         sys.modules["ray"] = ray_stand_in()
-    import data as their_data  # the checkout's modules (cwd first on sys.path)
+    import data as their_data  # noqa: I001 (the checkout's modules, cwd first on sys.path: not ours)
     import utils as their_utils
     from config import cfg
 
