@@ -123,9 +123,13 @@ def export_split(spec: Mapping[str, Any], partition: str, final: Path) -> Path:
     return final
 
 
+#: external codes that read our split by its name under ``<checkout>/dataset/`` (the others are handed the folder)
+READS_BY_NAME = ("pfllib", "heterofl", "fedrolex")
+
+
 def export_folder(code: str, partition: str, checkout: Path) -> Path:
     """Where the split goes in the external checkout (PFLlib reads ``dataset/<name>`` by name)."""
-    if code in ("pfllib", "heterofl", "fedrolex"):
+    if code in READS_BY_NAME:
         return checkout / "dataset" / pfllib_dataset_name(partition)
     return checkout / "data" / f"crosscheck_{partition}"
 
@@ -431,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if partition not in exported:
                 exported[partition] = export_split(spec, partition, export_folder(args.code, partition, checkout))
-            data = exported[partition].name if args.code in ("pfllib", "heterofl", "fedrolex") else exported[partition]
+            data = exported[partition].name if args.code in READS_BY_NAME else exported[partition]
             curves, extra, cmd, seconds = runner["run"](spec, method, partition, checkout, args.python, data)
             out = Path(args.results) / method / f"reference_{partition}.json"
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -222,6 +222,17 @@ def apply_setting(cfg: dict[str, Any], args: argparse.Namespace) -> None:
                data_shape=[1, 28, 28])
 
 
+def recorded(cls: type, into: list[Any]) -> type:
+    """``cls`` unchanged but for remembering each instance in ``into`` (their objects, read for the evaluation)."""
+
+    class Recorded(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            into.append(self)
+
+    return Recorded
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--code", choices=sorted(SCRIPTS), required=True)
@@ -270,13 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         build = models.conv
         feds: list[Any] = []
-
-        class RecordedFederation(fed.Federation):  # their Federation, remembered for the evaluation
-            def __init__(self, *a: Any, **k: Any) -> None:
-                super().__init__(*a, **k)
-                feds.append(self)
-
-        fed.Federation = RecordedFederation
+        fed.Federation = recorded(fed.Federation, feds)  # their Federation, remembered for the evaluation
 
         def slices() -> list[dict[str, torch.Tensor]]:
             return feds[-1].distribute(list(range(num_clients)))[0]
@@ -291,13 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         build = renamed_conv(their_conv.conv)
         resnet.resnet18 = build
         servers: list[Any] = []
-
-        class RecordedServer(resnet_server.ResnetServerRoll):  # their server, remembered for the evaluation
-            def __init__(self, *a: Any, **k: Any) -> None:
-                super().__init__(*a, **k)
-                servers.append(self)
-
-        resnet_server.ResnetServerRoll = RecordedServer
+        resnet_server.ResnetServerRoll = recorded(resnet_server.ResnetServerRoll, servers)  # remembered likewise
         plain_to_device = their_utils.to_device
         their_utils.to_device = lambda data, device: plain_to_device(data, "cpu")
 
