@@ -319,7 +319,10 @@ def test_attention_weights_sum_to_one_and_infinite_temperature_makes_clients_ide
 
 
 def test_hypernetwork_update_equals_finite_differences(tmp_path):
-    exp = experiment(tmp_path, "method.hn_lr=1.0", "method.hn_clip=1e9", "method.embed_std=1.0")
+    # PyTorch's decoder init, so that the first round's update reaches every part of phi (with decoder_init=model the
+    # decoders' weights start at 0 and the embeddings, encoder and temperatures get no gradient in round 1)
+    exp = experiment(tmp_path, "method.hn_lr=1.0", "method.hn_clip=1e9", "method.embed_std=1.0",
+                     "method.decoder_init=default")
     method = exp.method
     net = method.state["hn"]["net"]
     before = copy.deepcopy(net).double()
