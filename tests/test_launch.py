@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,43 +64,6 @@ def test_a_direct_run_uses_one_thread_unless_told_otherwise(tmp_path, monkeypatc
         assert json.loads((run_dir_for(to_container(cfg)) / "timing.json").read_text())["threads"] == 1
     finally:
         torch.set_num_threads(1)
-
-
-#: 20 training steps of a small CNN at batch 50 after 5 to warm up; prints the page faults of the 20
-_STEPS = """
-import resource, sys, torch
-from torch import nn
-torch.set_num_threads(1)
-if sys.argv[1] == "keep":
-    from bench.experiment.run import keep_freed_memory
-    assert keep_freed_memory()
-torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 5), nn.ReLU(),
-                      nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1024, 10))
-x, y = torch.rand(50, 1, 28, 28), torch.randint(0, 10, (50,))
-def step():
-    model.zero_grad(set_to_none=True)
-    nn.functional.cross_entropy(model(x), y).backward()
-for _ in range(5):
-    step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
-def test_runs_reuse_freed_memory_instead_of_faulting_pages_in_every_step():
-    """A run's process (``configure_torch``) keeps freed memory for reuse: training steps of a small CNN fault in
-    a small fraction of the pages they do with glibc's default settings, which return a step's activations to the
-    system and map them afresh in the next step (each in its own process: the setting is process-wide)."""
-    faults = {}
-    for mode in ("keep", "default"):
-        out = subprocess.run([sys.executable, "-c", _STEPS, mode], cwd=ROOT, capture_output=True, text=True,
-                             check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        faults[mode] = int(out.stdout.split()[-1])
-    assert faults["keep"] * 10 < faults["default"], faults
 
 
 def test_local_launcher_caps_concurrent_processes(tmp_path):

@@ -91,35 +91,7 @@ def run_threads(cfg: Mapping[str, Any]) -> int:
     return int(cfg.get("threads") or os.environ.get("SLURM_CPUS_PER_TASK") or 1)
 
 
-#: glibc's ``mallopt`` parameters: return a free block at the top of the heap to the system only beyond this size
-#: (``M_TRIM_THRESHOLD``), and serve blocks up to this size from the heap instead of a fresh mapping each
-#: (``M_MMAP_THRESHOLD``; 32 MiB is glibc's largest)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-HEAP_KEEP_BYTES, HEAP_BLOCK_BYTES = 1 << 30, 32 << 20
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's allocator keep freed memory for reuse (up to :data:`HEAP_KEEP_BYTES` free at the heap's top,
-    blocks up to :data:`HEAP_BLOCK_BYTES` from the heap); whether it could (False off glibc). By default a block of a
-    few MB (a conv layer's activations at batch 50) is a fresh mapping, and freeing a step's activations returns
-    them to the system, so every training step faults in and zeroes the same pages again: 2.5-4 times the page
-    faults, about a tenth of a small CNN's training step. Where memory lives changes no computed value (torch
-    aligns its buffers to 64 bytes either way)."""
-    import ctypes
-    import ctypes.util
-
-    if sys.platform != "linux":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    return bool(mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)) and bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK_BYTES))
-
-
 def configure_torch(cfg: Mapping[str, Any]) -> torch.device:
-    keep_freed_memory()
     torch.set_num_threads(run_threads(cfg))
     device = torch.device(cfg["device"])
     if device.type == "cuda":
