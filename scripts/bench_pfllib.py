@@ -57,10 +57,14 @@ THEIRS = ["-data", DATASET, "-ncl", "10", "-m", "CNN", "-dev", "cpu", "-nc", str
 WRAP = ("import runpy, sys, torch; torch.set_num_threads(1); sys.argv = ['main.py'] + sys.argv[1:]; "
         "runpy.run_path('main.py', run_name='__main__')")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: what :func:`timed` measures of each run
+TIMES = ("wall", "cpu", "load")
 
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> dict[str, Any]:
-    """Run ``cmd`` to completion; its wall-clock and CPU seconds (user + system of it and its children)."""
+    """Run ``cmd`` to completion; its wall-clock and CPU seconds (user + system of it and its children) and the
+    1-minute load average when it started."""
+    load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(log, "w") as out:
@@ -70,7 +74,7 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> dict[str, Any]:
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed with status {proc.returncode}; see {log}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": wall, "cpu": cpu}
+    return {"wall": wall, "cpu": cpu, "load": load}
 
 
 def run_ours(method: str, out_dir: Path, cache: Path, log: Path) -> tuple[dict[str, Any], Path]:
@@ -151,13 +155,14 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         ours_wall, theirs_wall = median(r["ours"]["wall"]), median(r["theirs"]["wall"])
         ours_cpu, theirs_cpu = median(r["ours"]["cpu"]), median(r["theirs"]["cpu"])
         lines += [f"## {method} ({' '.join(METHODS[method][0])} / {' '.join(METHODS[method][1])})", "",
-                  "| | wall s (each run) | median wall s | CPU s (each run) | median CPU s |",
-                  "|---|---|---|---|---|",
-                  f"| ours | {' / '.join(f'{x:.1f}' for x in r['ours']['wall'])} | {ours_wall:.1f} | "
-                  f"{' / '.join(f'{x:.1f}' for x in r['ours']['cpu'])} | {ours_cpu:.1f} |",
-                  f"| PFLlib | {' / '.join(f'{x:.1f}' for x in r['theirs']['wall'])} | {theirs_wall:.1f} | "
-                  f"{' / '.join(f'{x:.1f}' for x in r['theirs']['cpu'])} | {theirs_cpu:.1f} |",
-                  f"| PFLlib / ours | | **{theirs_wall / ours_wall:.2f}x** | | **{theirs_cpu / ours_cpu:.2f}x** |",
+                  "| | wall s (each run) | median wall s | CPU s (each run) | median CPU s | load average at "
+                  "each start |",
+                  "|---|---|---|---|---|---|",
+                  *(f"| {name} | {' / '.join(f'{x:.1f}' for x in r[side]['wall'])} | {median(r[side]['wall']):.1f} | "
+                    f"{' / '.join(f'{x:.1f}' for x in r[side]['cpu'])} | {median(r[side]['cpu']):.1f} | "
+                    f"{' / '.join(f'{x:.1f}' for x in r[side].get('load', [])) or 'not recorded'} |"
+                    for name, side in (("ours", "ours"), ("PFLlib", "theirs"))),
+                  f"| PFLlib / ours | | **{theirs_wall / ours_wall:.2f}x** | | **{theirs_cpu / ours_cpu:.2f}x** | |",
                   "", "Test accuracy (mean over clients, %): ours "
                   + ", ".join(f"{k} {v:.2f}" for k, v in r["ours_acc"].items())
                   + f"; PFLlib at its last evaluation (after {ROUNDS - 1} rounds) {r['theirs_acc']:.2f}. "
@@ -176,8 +181,9 @@ def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 merged[method] = json.loads(json.dumps(r))
                 continue
             for side in ("ours", "theirs"):
-                for k in ("wall", "cpu"):
-                    merged[method][side][k] += r[side][k]
+                for k in TIMES:
+                    if k in r[side]:  # load averages: not in reports written before they were recorded
+                        merged[method][side].setdefault(k, []).extend(r[side][k])
     return merged
 
 
@@ -222,17 +228,17 @@ def main() -> None:
     results: dict[str, Any] = {}
     split_sizes: dict[str, int] = {}
     for method in args.methods:
-        r: dict[str, Any] = {"ours": {"wall": [], "cpu": []}, "theirs": {"wall": [], "cpu": []}}
+        r: dict[str, Any] = {side: {k: [] for k in TIMES} for side in ("ours", "theirs")}
         for rep in range(args.repeats):
             times, run_dir = run_ours(method, work / f"ours-{method}-{rep}", cache, work / f"ours-{method}-{rep}.log")
-            for k in ("wall", "cpu"):
+            for k in TIMES:
                 r["ours"][k].append(times[k])
             r["ours_acc"] = our_accuracies(run_dir)
             if not split_sizes:
                 split_sizes = export_split(run_dir, pfllib, work)
             log = work / f"pfllib-{method}-{rep}.log"
             times = timed([args.pfllib_python, "-c", WRAP, *THEIRS, *METHODS[method][1]], pfllib / "system", log)
-            for k in ("wall", "cpu"):
+            for k in TIMES:
                 r["theirs"][k].append(times[k])
             r["theirs_acc"] = their_accuracy(log)
             print(f"{method} repeat {rep}: ours {r['ours']['wall'][-1]:.1f} s, PFLlib {r['theirs']['wall'][-1]:.1f} s",

@@ -192,3 +192,48 @@ def test_federation_without_capacities_gives_every_client_capacity_one():
 
     fed = federation(nn.Linear(2, 2), 3)
     assert fed.capacities.dtype == torch.float64 and fed.capacities.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_plain_sgd_takes_torchs_sgd_steps_bit_for_bit():
+    """Local training's plain SGD (no momentum, weight decay or Nesterov, on the CPU) gives the parameters of
+    torch.optim.SGD bit for bit, a frozen parameter (no gradient) left as it is; any other setting, or another
+    optimizer, is torch's."""
+    from bench.core.method import PlainSGD, local_optimizer
+    from bench.core.models import build_model
+
+    torch.manual_seed(0)
+    models = [build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    x, y = torch.rand(20, 1, 28, 28), torch.randint(0, 10, (20,))
+    plain = {"optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "nesterov": False}
+    optimizers = []
+    for model, make in zip(models, (local_optimizer, lambda p, cfg, lr: torch.optim.SGD(p, lr=lr)), strict=True):
+        model.head.weight.requires_grad_(False)
+        optimizers.append(make(list(model.parameters()), plain, 0.37))  # the frozen one's gradient stays None
+        for _ in range(3):
+            optimizers[-1].zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizers[-1].step()
+    assert isinstance(optimizers[0], PlainSGD)
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p.view(torch.int32), q.view(torch.int32))
+    assert not torch.equal(models[0].body[0].weight, build_model(
+        "cnn_fedavg", num_classes=10, in_channels=1, image_size=28).body[0].weight)  # it trained
+    params = list(models[0].parameters())
+    others = ({"momentum": 0.9}, {"weight_decay": 1e-4}, {"momentum": 0.9, "nesterov": True}, {"optimizer": "adam"})
+    for other in others:
+        assert isinstance(local_optimizer(params, {**plain, **other}, 0.1), torch.optim.Optimizer), other
+
+
+def test_plain_sgd_does_not_import_torchs_compiler():
+    """Local training with plain SGD leaves torch._dynamo unimported (torch's optimizers import it, 0.9 CPU s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom bench.core.method import local_optimizer\n"
+            "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)\n"
+            "opt = local_optimizer([p], {'optimizer': 'sgd'}, 0.5); opt.step(); opt.zero_grad()\n"
+            "assert float(p[0]) == 0.5 and p.grad is None\nprint('torch._dynamo' in sys.modules)")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

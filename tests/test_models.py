@@ -400,6 +400,75 @@ def test_max_pool_computes_the_stock_kernels_bits_and_gradients(shape, settings,
         assert torch.equal(fast.nan_to_num(7.0).view(torch.int32), ref.nan_to_num(7.0).view(torch.int32))
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({torch.float64: torch.int64, torch.float32: torch.int32}[t.dtype])
+
+
+@pytest.mark.parametrize("shape", [(6, 5, 9, 11), (50, 32, 24, 24)])  # odd sizes; the FedAvg CNN's first pool
+@pytest.mark.parametrize("settings", [(2,), (3, 2, 1), (2, 1), (3, 2, 0, 1, False, True)])
+@pytest.mark.parametrize("kind", ["ties", "signed_zeros", "nan", "float64"])
+def test_training_pool_gives_both_kernels_bits_and_gradient_bits(shape, settings, kind):
+    """With autograd recording, the models' MaxPool2d gives the bit patterns (NaNs and signs of zeros included)
+    of the output and of the input's gradient that torch's pool gives, both on the contiguous tensor (the
+    contiguous kernel) and on a channels-last copy (the channels-last kernel, which the layer's forward pass
+    runs): ties, signed zeros, NaNs, gradients of -0.0, overlapping windows (a position that receives several
+    gradients), padding, dilation and ceil mode."""
+    from bench.core.models import MaxPool2d
+
+    torch.manual_seed(0)
+    x = {"ties": torch.randint(-2, 3, shape).float(), "signed_zeros": torch.where(torch.rand(shape) < 0.5, -0.0, 0.0),
+         "nan": torch.randn(shape), "float64": torch.randint(-2, 3, shape).double()}[kind]
+    if kind == "nan":
+        x[torch.rand(shape) < 0.1] = float("nan")
+    results = []
+    for layout in ("ours", "contiguous", "channels_last"):
+        leaf = x.clone().requires_grad_()
+        inner = leaf * 1  # a non-leaf input, as a conv's output is
+        if layout == "ours":
+            out = MaxPool2d(*settings)(inner)
+        else:
+            memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+            out = nn.MaxPool2d(*settings)(inner.contiguous(memory_format=memory_format))
+        if not results:
+            grad = torch.randn(out.shape, dtype=x.dtype)
+            grad[grad.abs() < 0.3] = -0.0
+            grad[0, 0, 0, 0] = float("nan")
+        out.backward(grad)
+        results.append((_bits(out.detach()), _bits(leaf.grad)))
+    for ref in results[1:]:
+        for ours, theirs in zip(results[0], ref, strict=True):
+            assert torch.equal(ours, theirs)
+
+
+def test_training_pool_copies_no_gradient_between_layouts():
+    """Backward through the models' MaxPool2d is one contiguous max-pool backward: no copy of a gradient to
+    channels-last and back (the forward pass copies the input to channels-last and its output and indices
+    back, three copies)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.core.models import MaxPool2d
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 3, 8, 8, requires_grad=True)
+    with Ops() as forward:
+        out = MaxPool2d(2)(x)
+    grad = torch.randn(out.shape)
+    with Ops() as backward:
+        out.backward(grad)
+    copies = [op for op in forward.seen if op.split(".")[0] in ("clone", "copy_", "_to_copy", "contiguous")]
+    assert len(copies) == 3, forward.seen
+    assert [op.split(".")[0] for op in backward.seen if op != "detach.default"] == [
+        "max_pool2d_with_indices_backward"], backward.seen
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_evaluation_pool_keeps_the_first_of_two_signed_zeros_in_any_window_order(dtype):
     """The evaluation path pools rows before columns only when the input holds no -0.0; a window whose maximum is

@@ -193,7 +193,7 @@ class Method:
         ``optim`` overrides entries of the ``train`` config (e.g. momentum) for this call only."""
         cfg = {**self.fed.train, **(optim or {})}
         trainable = list(model.parameters() if params is None else params)
-        optimizer = make_optimizer(trainable, cfg, task.lr if lr is None else lr)
+        optimizer = local_optimizer(trainable, cfg, task.lr if lr is None else lr)
         chosen = {id(p) for p in trainable}
         frozen = [p for p in model.parameters() if id(p) not in chosen and p.requires_grad]
         for p in frozen:  # no gradient work for what is not trained
@@ -281,6 +281,39 @@ def make_optimizer(params: list[nn.Parameter], cfg: Mapping[str, Any], lr: float
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=cfg.get("weight_decay", 0.0))
     raise ValueError(f"train.optimizer={name!r} is not supported; use 'sgd' or 'adam'")
+
+
+class PlainSGD:
+    """SGD without momentum, weight decay or Nesterov on the CPU: ``p -= lr * grad`` for each parameter with a
+    gradient, the very operation ``torch.optim.SGD`` runs there (its single-tensor path, ``param.add_(grad,
+    alpha=-lr)`` under ``no_grad``), so the same bits, without its machinery: the first torch optimizer of a
+    process imports ``torch._dynamo`` (0.9 CPU s), and every step runs its hooks and profiling wrappers."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float) -> None:
+        self.params, self.lr = list(params), float(lr)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: D102
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:  # noqa: D102
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
+def local_optimizer(params: list[nn.Parameter], cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer | PlainSGD:
+    """The optimizer of one local training (:meth:`Method.local_sgd`): :class:`PlainSGD` for plain SGD on the CPU
+    (on other devices torch's SGD may take its multi-tensor path), else :func:`make_optimizer`'s."""
+    plain = (cfg["optimizer"] == "sgd" and cfg.get("momentum", 0.0) == 0 and cfg.get("weight_decay", 0.0) == 0
+             and not cfg.get("nesterov", False))
+    if plain and all(p.device.type == "cpu" for p in params):
+        return PlainSGD(params, lr)
+    return make_optimizer(params, cfg, lr)
 
 
 #: ``train.norm_mode``: the mode of the normalisation layers with running statistics during local training
