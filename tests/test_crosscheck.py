@@ -223,6 +223,24 @@ def test_table_only_rebuilds_the_table_from_the_curves_with_the_specs_notes_and_
         main(["--spec", str(spec_path), "--results", str(tmp_path / "empty"), "--table-only"])
 
 
+def test_a_tolerance_note_and_open_difference_keyed_by_partition_apply_to_that_partition_only(tmp_path: Path) -> None:
+    from bench.experiment.crosscheck import compare
+
+    spec = load_spec(_tiny_spec(tmp_path))
+    spec["partitions"]["dir01"] = ["partition=dirichlet", "partition.alpha=0.1"]
+    spec["methods"]["fedavg"].update(tolerance={"pat": 1.5}, note={"pat": "measured on pat"},
+                                     open={"dir01": "known on dir01"})
+    ref = {"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"}, "curves": {"0": [50.0, 60.0]}}
+    ours = {"0": [50.0, 61.0]}  # 1 point above theirs
+    pat, dir01 = compare(spec, "fedavg", "pat", ours, ref), compare(spec, "fedavg", "dir01", ours, ref)
+    assert pat["ok"] and pat["verdict"] == "explained (within 1.5): measured on pat" and pat["tolerance"] == 1.5
+    assert not dir01["ok"] and dir01["verdict"] == "DIFFERS (beyond 0.5): known on dir01"
+    assert dir01["tolerance"] == 0.5
+    # one value applies to every partition
+    spec["methods"]["fedavg"].update(tolerance=1.5, note="on every split", open=None)
+    assert compare(spec, "fedavg", "dir01", ours, ref)["verdict"] == "explained (within 1.5): on every split"
+
+
 def test_a_comparison_needs_as_many_seeds_on_both_sides(tmp_path: Path) -> None:
     from bench.experiment.crosscheck import compare
 

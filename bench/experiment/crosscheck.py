@@ -63,8 +63,16 @@ def method_partitions(spec: Mapping[str, Any], method: str) -> list[str]:
     return list(spec["methods"][method].get("partitions") or spec["partitions"])
 
 
-def tolerance(spec: Mapping[str, Any], method: str) -> float:
-    return float(spec["methods"][method].get("tolerance", spec["tolerance"]))
+def for_partition(spec: Mapping[str, Any], method: str, key: str, partition: str, default: Any = None) -> Any:
+    """A method's ``tolerance``, ``note`` or ``open`` on ``partition``: one value for all of its partitions, or a
+    mapping partition -> value (a partition the mapping does not name gets ``default``: a note measured on one split
+    explains nothing on another)."""
+    value = spec["methods"][method].get(key, default)
+    return value.get(partition, default) if isinstance(value, Mapping) else value
+
+
+def tolerance(spec: Mapping[str, Any], method: str, partition: str) -> float:
+    return float(for_partition(spec, method, "tolerance", partition, spec["tolerance"]))
 
 
 def model_overrides(spec: Mapping[str, Any], method: str | None = None) -> list[str]:
@@ -223,10 +231,11 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
         raise ValueError(f"{method}/{partition}: curves of different lengths {sorted(lengths)}: the reference was "
                          "made with other rounds than conf/crosscheck.yaml's; rerun scripts/crosscheck_external.py")
     o, t = stats(ours), stats(theirs)
-    tol = tolerance(spec, method)
-    ok, words = verdict(o, t, float(spec["tolerance"]), tol, spec["methods"][method].get("note"))
-    if not ok and spec["methods"][method].get("open"):  # what is known of a difference not explained yet
-        words = f"{words}: {spec['methods'][method]['open']}"
+    tol = tolerance(spec, method, partition)
+    ok, words = verdict(o, t, float(spec["tolerance"]), tol, for_partition(spec, method, "note", partition))
+    known = for_partition(spec, method, "open", partition)
+    if not ok and known:  # what is known of a difference not explained yet
+        words = f"{words}: {known}"
     return {"method": method, "partition": partition, "external": reference["external"]["repo"],
             "commit": reference["external"]["commit"], "algo": reference["external"]["algo"],
             "seeds": len(ours), "ours_best": o.best, "ours_final": o.final, "theirs_best": t.best,
