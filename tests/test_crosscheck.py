@@ -581,3 +581,18 @@ def test_fedselect_launcher_gives_the_official_code_our_split_and_model(tmp_path
     report = json.loads(out.read_text())
     assert report == {"train": 8, "test": 6, "client1": [4, 5, 6, 7], "test1": [3, 4, 5], "label": 4, "out": [1, 10]}
     assert "\n" not in run.stdout.strip() and "0.12345679" in run.stdout  # one line, full precision
+
+
+def test_a_tolerance_split_into_best_and_final_explains_only_the_late_rounds() -> None:
+    from bench.experiment.crosscheck import Stats, tolerance, verdict
+
+    spec = {"tolerance": 0.5, "methods": {"m": {"tolerance": {"pat": {"best": 0.5, "final": 4.5}}}}}
+    tol = tolerance(spec, "m", "pat")
+    assert tol == (0.5, 4.5) and tolerance(spec, "m", "dir01") == (0.5, 0.5)
+    theirs = Stats(best=80.0, final=76.0, tail=76.0, sd_best=0.0, sd_final=0.0, sd_tail=0.0)
+    late = Stats(best=80.3, final=80.0, tail=80.0, sd_best=0.0, sd_final=0.0, sd_tail=0.0)
+    early = Stats(best=81.0, final=76.0, tail=76.0, sd_best=0.0, sd_final=0.0, sd_tail=0.0)
+    assert verdict(late, theirs, 0.5, tol, "why") == (True, "explained (within 0.5 best, 4.5 final): why")
+    assert verdict(early, theirs, 0.5, tol, "why") == (False, "DIFFERS (beyond 0.5 best, 4.5 final)")
+    with pytest.raises(ValueError, match="best: x, final: y"):
+        tolerance({"tolerance": 0.5, "methods": {"m": {"tolerance": {"pat": {"best": 1.0}}}}}, "m", "pat")

@@ -71,8 +71,22 @@ def for_partition(spec: Mapping[str, Any], method: str, key: str, partition: str
     return value.get(partition, default) if isinstance(value, Mapping) else value
 
 
-def tolerance(spec: Mapping[str, Any], method: str, partition: str) -> float:
-    return float(for_partition(spec, method, "tolerance", partition, spec["tolerance"]))
+def tolerance(spec: Mapping[str, Any], method: str, partition: str) -> tuple[float, float]:
+    """A method's (best, final) tolerance on ``partition``: one number for both, or ``{best: x, final: y}`` (under
+    the partition's key) where a difference is explained for one of them only, e.g. a late-round gap whose best
+    rounds agree."""
+    value = for_partition(spec, method, "tolerance", partition, spec["tolerance"])
+    if isinstance(value, Mapping):
+        if set(value) != {"best", "final"}:
+            raise ValueError(f"{method}/{partition}: tolerance {dict(value)!r} is invalid: give one number, or "
+                             "{best: x, final: y} under the partition's key")
+        return float(value["best"]), float(value["final"])
+    return float(value), float(value)
+
+
+def _within(tol: tuple[float, float]) -> str:
+    best, final = tol
+    return f"{best:g}" if best == final else f"{best:g} best, {final:g} final"
 
 
 def model_overrides(spec: Mapping[str, Any], method: str | None = None) -> list[str]:
@@ -150,15 +164,17 @@ def stats(curves: Mapping[str, Sequence[float]]) -> Stats:
     return Stats(best=best, final=final, tail=tail, sd_best=sd_best, sd_final=sd_final, sd_tail=sd_tail)
 
 
-def verdict(ours: Stats, theirs: Stats, tol: float, method_tol: float, note: str | None = None) -> tuple[bool, str]:
+def verdict(ours: Stats, theirs: Stats, tol: float, method_tol: float | tuple[float, float],
+            note: str | None = None) -> tuple[bool, str]:
     """(passes, the verdict's words): agree within the common tolerance ``tol``; else explained by ``note`` within
-    the method's own (wider) tolerance; else a difference, which fails."""
-    gap = max(abs(ours.best - theirs.best), abs(ours.final - theirs.final))
-    if gap <= tol:
+    the method's own (wider) tolerance, (best, final) or one number for both; else a difference, which fails."""
+    own = method_tol if isinstance(method_tol, tuple) else (method_tol, method_tol)
+    d_best, d_final = abs(ours.best - theirs.best), abs(ours.final - theirs.final)
+    if max(d_best, d_final) <= tol:
         return True, f"agree (within {tol:g})"
-    if note and gap <= method_tol:
-        return True, f"explained (within {method_tol:g}): {note}"
-    return False, f"DIFFERS (beyond {method_tol:g})"
+    if note and d_best <= own[0] and d_final <= own[1]:
+        return True, f"explained (within {_within(own)}): {note}"
+    return False, f"DIFFERS (beyond {_within(own)})"
 
 
 def reference_path(results: Path, method: str, partition: str) -> Path:
@@ -244,7 +260,8 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
             "sd": {side: {k: None if math.isnan(v) else v for k, v in
                           (("best", x.sd_best), ("final", x.sd_final), ("tail", x.sd_tail))}
                    for side, x in (("ours", o), ("theirs", t))},  # None: one seed, no spread
-            "tolerance": tol, "ok": ok, "verdict": words}
+            "tolerance": tol[0] if tol[0] == tol[1] else {"best": tol[0], "final": tol[1]}, "ok": ok,
+            "verdict": words}
 
 
 def _spread(row: Mapping[str, Any]) -> str:
