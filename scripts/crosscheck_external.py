@@ -66,9 +66,11 @@ BN_LAUNCHER = Path(__file__).resolve().parent / "pfllib_bn_cnn.py"
 NESTED_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_heterofl.py"
 PFEDHN_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedhn.py"
 FEDSELECT_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fedselect.py"
+FJORD_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fjord.py"
 #: the folder of each external code base that must be unmodified and that its code runs from (the rest of a
 #: snapshot may lack data files)
-CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": ".", "heterofl": "src", "fedrolex": "."}
+CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": ".", "heterofl": "src", "fedrolex": ".",
+            "fjord": "baselines/fjord"}
 #: what our side must set for the official HeteroFL / FedRolex code to be the same algorithm: its gradient clipping
 #: (train_classifier_fed.py and resnet_client.py: clip_grad_norm_(..., 1)), its BatchNorm handling (HeteroFL's sBN:
 #: train_classifier_fed.py stats(); FedRolex's main_resnet.py evaluates models that track no statistics: batch
@@ -376,6 +378,56 @@ def run_fedselect(spec: Mapping[str, Any], method: str, partition: str, checkout
     return curves, {}, shown, time.time() - start
 
 
+def fjord_command(spec: Mapping[str, Any], method: str, partition: str, python: str, split: Path, seed: int,
+                  out: Path) -> list[str]:
+    """The launcher's command line for Flower's FjORD baseline, from our run's config: the same width per client and
+    sampled widths, rounds, lr, batch size, local epochs and distillation; refuses a config of ours that is not the
+    baseline's algorithm (its model, distillation weight 1 at temperature 1, no scaler)."""
+    from methods.fjord import sample_pool
+
+    s = spec["setting"]
+    conf = our_config(spec, method, partition)
+    model, hp = conf["model"], conf["method"]
+    if model["name"] != "cnn_fedavg" or model["options"].get("norm", "none") != "none" or float(model["width"]) != 1:
+        raise SystemExit(f"error: {method}: the launcher builds our cnn_fedavg (norm none, width 1) from the "
+                         f"baseline's ordered-dropout layers, not {model['name']} {model['options']}")
+    wrong = [f"method.{k}={hp[k]!r} (theirs: {v!r})" for k, v in
+             {"name": "fjord", "distill_weight": 1.0, "temperature": 1.0, "scaler": False}.items() if hp[k] != v]
+    if wrong:
+        raise SystemExit(f"error: {method}: our side differs from the baseline: {', '.join(wrong)}")
+    widths = client_widths(conf)
+    return [python, "-u", str(FJORD_LAUNCHER), "--split", str(split), "--widths", *[f"{w:g}" for w in widths],
+            "--p-s", *[f"{p:g}" for p in sample_pool(hp["sample_widths"], widths)], "--rounds", str(s["rounds"]),
+            "--lr", str(s["lr"]), "--batch-size", str(s["batch_size"]), "--epochs", str(s["epochs"]),
+            "--seed", str(seed), *([] if hp["distill"] else ["--no-distill"]), "--out", str(out),
+            *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def run_fjord(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+              split: Path) -> tuple[dict[str, list[float]], dict[str, Any], list[str], float]:
+    """Run Flower's FjORD baseline on the exported split through the launcher, one process per seed (in parallel);
+    per seed, accuracy (%) per round."""
+    cwd = checkout / CODE_DIR["fjord"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start, curves, extra, runs = time.time(), {}, {}, {}
+    for seed in [int(x) for x in spec["setting"]["seeds"]]:
+        out = cwd / f"crosscheck_{method}_{partition}_s{seed}.json"
+        cmd = fjord_command(spec, method, partition, python, split, seed, out)
+        log = cwd / f"crosscheck_{method}_{partition}_s{seed}.log"
+        with open(log, "w") as f:  # its progress bars and warnings too
+            runs[seed] = (subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env), cmd, log, out)
+    for seed, (proc, cmd, log, out) in runs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        result = json.loads(out.read_text())
+        curves[str(seed)], extra[str(seed)] = result["curve"], result["their_metrics"]
+    shown = [f"<pflrepro>/scripts/{FJORD_LAUNCHER.name}" if c == str(FJORD_LAUNCHER) else
+             "<seed>" if i > 0 and cmd[i - 1] == "--seed" else
+             f"crosscheck_{method}_{partition}_s<seed>.json" if c.endswith(".json") else
+             c.replace(str(checkout) + "/", "<checkout>/") for i, c in enumerate(cmd)][1:]
+    return curves, extra, shown, time.time() - start
+
+
 #: per external code: how it runs, where it runs from, what its metric and seeds are
 RUNNERS = {
     "pfllib": {"run": run_pfllib, "cwd": "system/",
@@ -391,6 +443,11 @@ RUNNERS = {
                             "(before the server average; our stage pre), averaged over clients of equal test "
                             "size (= pooled), in %",
                   "seeds_are": "fedselect.py's --seed (setup_seed: torch, numpy, random)"},
+    "fjord": {"run": run_fjord, "cwd": CODE_DIR["fjord"] + "/",
+              "metric": "test accuracy pooled over all clients of each client's width-max_p submodel of the new "
+                        "global model, evaluated by the baseline's FjORDClient.evaluate on the client's test samples "
+                        "after the round's aggregation (scripts/crosscheck_fjord.py), rounds 1..rounds, in %",
+              "seeds_are": "the launcher's --seed (torch, numpy and random seeded as fjord/main.py main)"},
     **{code: {"run": run_nested, "cwd": CODE_DIR[code] + "/",
               "metric": "test accuracy pooled over all clients of the model each client holds after the round (its "
                         "width's model with its slice of the new global model; scripts/crosscheck_heterofl.py), rounds "
@@ -401,7 +458,7 @@ RUNNERS = {
 #: what a runner's second result is, kept in the reference: PFLlib's evaluations after the last round (FedBABU's
 #: fine-tuned models), the nested codes' own metrics
 EXTRA_KEY = {"pfllib": "trailing", "pfedhn": "trailing", "fedselect": "trailing", "heterofl": "their_metrics",
-             "fedrolex": "their_metrics"}
+             "fedrolex": "their_metrics", "fjord": "their_metrics"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -451,6 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "setting": spec["setting"], "our_split": spec["partitions"][partition],
                    "metric": runner["metric"], "seeds_are": runner["seeds_are"],
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
+                   **({"model": "PFLlib's FedAvgCNN (our cnn_fedavg) built from the baseline's ordered-dropout layers "
+                               "(scripts/crosscheck_fjord.py)"} if args.code == "fjord" else {}),
                    **({"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates as "
                                "in the command"} if args.code in ("heterofl", "fedrolex") else {}),
                    "seconds": round(seconds, 1), "curves": curves, **({EXTRA_KEY[args.code]: extra} if extra else {})}
