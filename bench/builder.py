@@ -54,7 +54,20 @@ def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
         early_stop=cfg["eval"].get("early_stop"),
         stop_stage=cfg["eval"]["primary"]["stage"],
         stop_weighting=cfg["eval"]["primary"]["weighting"],
+        eval_stages=chosen_stages(cfg),
     )
+
+
+def chosen_stages(cfg: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """``eval.stages`` of a run config as a tuple (None: the method's own stages); a value that is not a list is
+    refused."""
+    stages = cfg["eval"].get("stages")
+    if stages is None:
+        return None
+    if isinstance(stages, str) or not isinstance(stages, Sequence):
+        raise ValueError(f"eval.stages={stages!r} is invalid: give a list, e.g. eval.stages=[post], or null (the "
+                         "method's own stages)")
+    return tuple(stages)
 
 
 def batched_methods() -> list[str]:

@@ -45,6 +45,13 @@ BAD_INPUTS = [
     (["eval.batch_size=-1"], "eval.batch_size=-1"),
     (["eval.primary.stage=middle"], "eval.primary.stage='middle'"),
     (["eval.primary.selection=best_val"], "best_val needs a validation split"),
+    (["eval.stages=[middle]"], "eval.stages=['middle'] is invalid"),
+    (["eval.stages=[]"], "eval.stages=[] is invalid"),
+    (["eval.stages=post"], "eval.stages='post' is invalid: give a list"),
+    (["eval.stages=[pre]"], "eval.stages=['pre'] does not evaluate stage 'post', which eval.primary.stage=post"),
+    (["eval.primary.stage=pre", "eval.stages=[post]"], "does not evaluate stage 'pre', which eval.primary.stage=pre"),
+    (["method=local", "eval.primary.stage=pre", "eval.stages=[pre]"], "does not evaluate stage 'post', which "
+     "eval.primary.stage=pre scores for method=local"),
     (["checkpoint.every_rounds=0"], "checkpoint.every_rounds=0"),
     (["checkpoint.every_seconds=-5"], "checkpoint.every_seconds=-5"),
     (["threads=0"], "threads=0"),

@@ -41,6 +41,8 @@ TABLE_INPUTS = [
     ([SPEC, "--dry-run", "--", "train.lr=["], "cannot parse the override 'train.lr=['"),
     ([SPEC, "--dry-run", "--launcher", "nosuch"], "launcher 'nosuch' is unknown"),
     ([SPEC, "--dry-run", "--", "launcher.bogus=1"], "launcher.bogus is not a setting"),
+    (["conf/paper/fedselect/table1.yaml", "--dry-run", "--", "eval.stages=[post]"],  # its rows score pre
+     "eval.stages=['post'] does not evaluate stage 'pre', which eval.primary.stage=pre scores"),
 ]
 
 

@@ -25,12 +25,14 @@ from bench.core.method import (
     NORM_MODES,
     Method,
     NoHyperparameters,
+    evaluated_stages,
     hyperparameters,
     make_optimizer,
+    scored_stage,
     set_train_mode,
 )
 from bench.core.records import RunDir
-from bench.core.summary import early_stop, eval_record, summarize
+from bench.core.summary import STAGES, early_stop, eval_record, summarize
 from common.seeding import generator
 
 __all__ = ["METHODS", "NORM_MODES", "ClientCallback", "ClientRound", "Diverged", "Engine", "EngineConfig",
@@ -61,6 +63,8 @@ class EngineConfig:
     early_stop: int | None = None
     stop_stage: str = "post"
     stop_weighting: str = "unweighted"
+    #: the stages evaluated (``eval.stages``): None = the method's ``eval_stages``, else those of them named here
+    eval_stages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         rules = [
@@ -73,6 +77,9 @@ class EngineConfig:
         if self.early_stop is not None:
             whole = isinstance(self.early_stop, int) and not isinstance(self.early_stop, bool)
             rules.append(("eval.early_stop", self.early_stop, whole and self.early_stop >= 1, "null or an int >= 1"))
+        if self.eval_stages is not None:
+            known = bool(self.eval_stages) and all(s in STAGES for s in self.eval_stages)
+            rules.append(("eval.stages", list(self.eval_stages), known, f"null or a non-empty list of {list(STAGES)}"))
         for key, value, ok, allowed in rules:
             if not ok:
                 raise ValueError(f"{key}={value!r} is invalid: it must be {allowed}")
@@ -97,6 +104,8 @@ class Engine:
         self.clock = clock
         self.num_clients = method.fed.num_clients
         self.num_participants = max(1, math.floor(cfg.participation * self.num_clients + 0.5))
+        #: the stages each evaluation round evaluates (the method's, or those ``eval.stages`` keeps of them)
+        self.stages = evaluated_stages(method, cfg.eval_stages)
 
     def participants(self, round_: int) -> list[int]:
         if self.num_participants == self.num_clients:
@@ -140,7 +149,7 @@ class Engine:
     def stop_stage(self) -> str:
         """The stage early stopping watches: the configured one, ``post`` for a method that records only ``post``
         (``pre_is_post``: its ``post`` results answer ``pre``)."""
-        return "post" if self.method.pre_is_post else self.cfg.stop_stage
+        return scored_stage(self.method, self.cfg.stop_stage)
 
     def stop_watches(self, record: Mapping[str, Any]) -> bool:
         """Whether early stopping reads ``record`` (never without ``eval.early_stop``)."""
@@ -174,7 +183,7 @@ class Engine:
             if on_client is not None:
                 on_client(task, worker)
             method.upload(task, worker)
-            if evaluating and "pre" in method.eval_stages:
+            if evaluating and "pre" in self.stages:
                 pre.append(self.evaluate_client(task.cid, "pre", round_, lr))
             method.fed.client_step()
         method.aggregate(round_, clients)
@@ -189,7 +198,7 @@ class Engine:
         if evaluating:
             if pre:
                 records += self.stage_records(round_, "pre", clients, pre)
-            if "post" in method.eval_stages:
+            if "post" in self.stages:
                 everyone = list(range(self.num_clients))
                 post = []
                 for cid in everyone:

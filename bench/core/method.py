@@ -270,6 +270,18 @@ def _import_state(current: Any, saved: Any, device: torch.device, tables: Client
 
 
 
+def evaluated_stages(method: type[Method] | Method, chosen: Sequence[str] | None) -> tuple[str, ...]:
+    """The stages a run evaluates each evaluation round: the method's ``eval_stages``, or (``eval.stages``) those of
+    them named in ``chosen``, in the method's order."""
+    return tuple(method.eval_stages) if chosen is None else tuple(s for s in method.eval_stages if s in chosen)
+
+
+def scored_stage(method: type[Method] | Method, stage: str) -> str:
+    """The stage whose records answer a protocol of ``stage``: ``post`` for a method that records only ``post``
+    (``pre_is_post``), else ``stage`` itself."""
+    return "post" if method.pre_is_post else stage
+
+
 def make_optimizer(params: list[nn.Parameter], cfg: Mapping[str, Any], lr: float) -> torch.optim.Optimizer:
     """The local optimizer named by ``cfg['optimizer']`` (re-created every round, so no state leaks)."""
     name = cfg["optimizer"]

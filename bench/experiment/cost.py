@@ -7,7 +7,7 @@ A run's time is its work times a calibrated time per unit of work:
   ``ceil(n_train / batch_size)``, or ``floor`` with ``drop_last``), with the client sizes of the partition the dry
   build drew (:mod:`bench.experiment.precheck`), and
 - **evaluated samples** = evaluation rounds x (the participants' test and validation samples at ``pre``, when the
-  method evaluates there, plus every client's at ``post``).
+  run evaluates there, plus every client's at ``post``; the stages are ``eval.stages``, else the method's).
 
 The calibration (:func:`calibrate`) builds the cell's method, model and optimiser on a synthetic federation of
 :data:`CAL_CLIENTS` clients of random images of the data set's shape (no data files needed), each holding as many
@@ -47,8 +47,9 @@ from typing import Any
 
 import torch
 
-from bench.builder import build_experiment, method_class
+from bench.builder import build_experiment, chosen_stages, method_class
 from bench.core.data import build_federated_data
+from bench.core.method import evaluated_stages
 from bench.experiment.provenance import cpu_kernels
 from bench.experiment.spec import Cell
 from datasets.label_counts import LABEL_COUNTS
@@ -110,9 +111,9 @@ def work(cfg: Mapping[str, Any], sizes: Mapping[str, Sequence[int]]) -> Work:
     k = participants(cfg)
     steps = int(cfg["rounds"]) * k * int(train["epochs"]) * batches
     evaluated = [t + v for t, v in zip(sizes["test"], sizes["val"], strict=True)]
-    cls = method_class(cfg)[0]
-    per_round = (sum(evaluated) if "post" in cls.eval_stages else 0.0)
-    if "pre" in cls.eval_stages:
+    stages = evaluated_stages(method_class(cfg)[0], chosen_stages(cfg))  # eval.stages, else the method's
+    per_round = (sum(evaluated) if "post" in stages else 0.0)
+    if "pre" in stages:
         per_round += k * sum(evaluated) / n
     return Work(steps, eval_rounds(int(cfg["rounds"]), int(cfg["eval"]["every"])) * per_round)
 

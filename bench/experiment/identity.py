@@ -69,6 +69,7 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "train.norm_mode": _equals("train"),
     "train.batched_clients": _equals(False),
     "eval.early_stop": lambda value: value is None,
+    "eval.stages": lambda value: value is None,
     "method.layer_order": _equals("recover"),
     "method.round1_critical": _equals("customized"),
     "method.label_mask": _equals(False),  # FedRolex's (HeteroFL's default, true, stays in its hash)

@@ -25,6 +25,7 @@ from bench.builder import (
     Experiment,
     build_experiment,
     check_batched_config,
+    chosen_stages,
     client_capacity_table,
     engine_config,
     import_plugins,
@@ -33,6 +34,7 @@ from bench.builder import (
 from bench.core.capacity import IDEAL, check_capacity_config
 from bench.core.data import FederatedData, active_sharing
 from bench.core.engine import Diverged
+from bench.core.method import evaluated_stages, scored_stage
 from bench.core.models import MODELS
 from bench.core.records import RunDir
 from bench.core.summary import SELECTIONS, STAGES, WEIGHTINGS, chance_verdict, early_stop, final_eval, pick
@@ -74,6 +76,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
             raise ValueError(f"eval.primary.{key}={primary[key]!r} is invalid: use one of {list(allowed)}")
     if primary["selection"] == "best_val" and not cfg["partition"].get("val_fraction"):
         raise ValueError("eval.primary.selection=best_val needs a validation split: set partition.val_fraction > 0")
+    check_stages_config(cfg)
     if cfg["eval"].get("early_stop") is not None and not cfg["partition"].get("val_fraction"):
         raise ValueError(f"eval.early_stop={cfg['eval']['early_stop']} watches the validation accuracy and needs a "
                          "validation split: set partition.val_fraction > 0, or eval.early_stop=null")
@@ -81,6 +84,21 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
         raise ValueError(f"device={cfg['device']!r} is invalid: use cpu, cuda or cuda:<index>")
     if check_device and str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg['device']!r} but CUDA is not available here: use device=cpu")
+
+
+def check_stages_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse an ``eval.stages`` that leaves out the stage the primary protocol scores (best_val selection and early
+    stopping read that stage's validation records too), or that keeps none of the method's stages."""
+    chosen = chosen_stages(cfg)
+    if chosen is None:
+        return
+    name, stage = cfg["method"]["name"], cfg["eval"]["primary"]["stage"]
+    cls = method_class(cfg)[0]
+    needed = scored_stage(cls, stage)
+    if needed not in evaluated_stages(cls, chosen):
+        raise ValueError(f"eval.stages={list(chosen)} does not evaluate stage {needed!r}, which "
+                         f"eval.primary.stage={stage} scores for method={name}: add it (method={name} evaluates "
+                         f"{list(cls.eval_stages)}), or set eval.stages=null")
 
 
 def run_threads(cfg: Mapping[str, Any]) -> int:
@@ -182,6 +200,7 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
         "results": results,
         "final_metrics": final_metrics(records),
         **stopping,
+        **({"eval_stages": list(engine.stages)} if conf["eval"].get("stages") is not None else {}),
     }
     atomic_write_json(run.summary, summary)
     (run.path / "error.txt").unlink(missing_ok=True)  # a failure reported earlier is history now
