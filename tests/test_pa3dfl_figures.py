@@ -325,3 +325,15 @@ def test_sweep_specs_vary_only_the_swept_parameter(name: str, param: str, values
             assert all(m == method[0] for m in method), column  # every other method setting equal across the sweep
             assert [cfg["method"][param.split(".")[1]] for cfg in configs.values()] == [
                 type(cfg["method"][param.split(".")[1]])(v) for v, cfg in configs.items()]
+
+
+def test_table_runs_of_a_figure_spec_are_found_under_its_exp(tmp_path):
+    # fig6.yaml names Table 1's experiment (exp: pa3dfl/table1): its cells' runs live there, not under pa3dfl/fig6
+    out = tmp_path / "runs"
+    cell = next(c for c in expand(load_spec(figs.FIG6_SPEC), "mini", out_dir=str(out))
+                if c.row == "FedAvg" and c.column == "CIFAR-10 Ideal" and c.seed == 0)
+    cfg = cell_config(cell)
+    assert Path(run_dir_for(cfg)).is_relative_to(out / "pa3dfl" / "table1" / "mini")
+    write_run(run_dir_for(cfg), cfg["method"]["name"], CAPS, 0.0)
+    runs = figs.table_runs(figs.FIG6_SPEC, "mini", str(out), ["CIFAR-10 Ideal"], results=str(tmp_path / "results"))
+    assert {c: list(r) for c, r in runs.items()} == {"CIFAR-10 Ideal": ["FedAvg"]}

@@ -76,7 +76,7 @@ from bench.core.records import RunDir  # noqa: E402
 from bench.core.summary import pick  # noqa: E402
 from bench.experiment.partition import partition_of, train_counts  # noqa: E402
 from bench.experiment.plots import STYLE, save, write_caption  # noqa: E402
-from bench.experiment.spec import expand, label, load_spec, output_base  # noqa: E402
+from bench.experiment.spec import expand, experiment, load_spec, output_base  # noqa: E402
 from common.verified_io import atomic_write_text, read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def table_runs(spec_path: str | Path, scale: str, out_dir: str = "runs", columns
     spec = with_tuned(load_spec(spec_path), scale, results)
     wanted = list(columns) if columns is not None else hetero_columns(spec)
     found: dict[str, dict[str, list[Path]]] = {}
-    exp_dir = Path(out_dir) / spec["paper"] / label(spec) / scale
+    exp_dir = Path(out_dir) / experiment(spec) / scale  # the spec's exp: a figure may share a table's runs
     cells = []
     for cell in expand(spec, scale, out_dir=out_dir):
         if cell.column not in wanted or (rows is not None and cell.row not in rows):
