@@ -8,12 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
 from bench.core.summary import pick
-from bench.experiment.render import markdown_table
 from bench.experiment.report import discover
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,8 +78,3 @@ def test_the_results_page_leaves_out_the_demo_which_has_its_own(tmp_path):
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "bench.md").write_text("# bench\n")
     assert [s.name for s in discover(tmp_path)] == ["bench"]
-
-
-def test_markdown_table_has_the_index_name_a_separator_and_a_line_per_row():
-    md = markdown_table(pd.DataFrame({"x": ["1"]}, index=pd.Index(["r"], name="method")))
-    assert md.splitlines() == ["| method | x |", "|---|---|", "| r | 1 |"]

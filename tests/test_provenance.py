@@ -153,7 +153,7 @@ def test_collect_reads_a_runs_imports_as_its_config_wrote_them(tmp_path):
     a run of a plug-in method is checked against the plug-in's source too; no list, or no key, is none."""
     from omegaconf import OmegaConf
 
-    from bench.experiment.collect import run_imports
+    from bench.experiment.collect import run_config, run_imports
 
     for i, (cfg, expected) in enumerate([({"imports": ["tests.failing_method", "tests.toy_methods"], "seed": 1},
                                           ("tests.failing_method", "tests.toy_methods")),
@@ -161,4 +161,4 @@ def test_collect_reads_a_runs_imports_as_its_config_wrote_them(tmp_path):
         run = tmp_path / str(i)
         run.mkdir()
         (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-        assert run_imports(run) == expected
+        assert run_imports(run_config(run)) == expected

@@ -29,14 +29,6 @@ def run_chromium(page: Path, *args: str, timeout: float = 120) -> subprocess.Com
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def dump_dom(page: Path, budget_ms: int = 5000) -> str:
-    """The page's DOM after it loaded (``--dump-dom``; ``--virtual-time-budget`` lets images and scripts run)."""
-    done = run_chromium(page, f"--virtual-time-budget={budget_ms}", "--dump-dom")
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(f"chromium --dump-dom failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout
-
-
 def screenshot(page: Path, out: Path | None = None, size: str = "1280,4000") -> Path:
     """A PNG of ``page`` (default: beside it, ``index.png``), written through a temp file and ``os.replace``."""
     out = out or page.with_suffix(".png")

@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,6 @@ from bench.experiment.spec import (
     row_protocol,
 )
 from common.verified_io import read_jsonl
-
-
-def find_runs(root: str | os.PathLike) -> list[Path]:
-    """Every run directory (one holding ``config.yaml``) under ``root``."""
-    return sorted(p.parent for p in Path(root).rglob("config.yaml") if not {".multirun", ".stale"} & set(p.parts))
 
 
 def curves(run_dirs: Sequence[Path], stage: str = "post", split: str = "test") -> pd.DataFrame:
@@ -113,8 +107,7 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
         if summary.get("capacity"):
             sizes.setdefault((cell.row, cell.column), []).append(summary["capacity"])
         codes.setdefault((cell.row, cell.column), set()).add(run_code(summary))
-        imports = tuple(cfg.get("imports") or ())
-        stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, imports)
+        stale[(cell.row, cell.column)] = stale.get((cell.row, cell.column), 0) + is_stale(summary, run_imports(cfg))
         finished[(cell.row, cell.column)] = finished.get((cell.row, cell.column), 0) + 1
     for (row, name), whys in sorted(untrained.items()):
         problems += [f"did not train: {row} | {name} | {why}" for why in whys]
@@ -373,9 +366,9 @@ def run_config(path: Path) -> dict[str, Any]:
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
-def run_imports(path: Path) -> tuple[str, ...]:
-    """The ``imports`` of a run's config (modules whose source is part of its code identity)."""
-    return tuple(run_config(path).get("imports") or ())
+def run_imports(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The ``imports`` of a run's config (:func:`run_config`): modules whose source is part of its code identity."""
+    return tuple(cfg.get("imports") or ())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

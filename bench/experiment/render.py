@@ -24,7 +24,6 @@ from bench.experiment.result import (
     Result,
     bullets,
     frame_grid,
-    markdown_grid,
     paragraph,
     to_latex,
     to_markdown,
@@ -186,12 +185,6 @@ def measured_note(spec: dict[str, Any], scale: str) -> list[str]:
     if unmeasured:
         line += f" Our numbers only, not compared: {', '.join(unmeasured)}."
     return [line]
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table of ``frame`` with its index as the first column."""
-    block = frame_grid(frame)
-    return "\n".join(markdown_grid(block.head, block.rows))
 
 
 def _paired_cell(p: dict[str, Any]) -> str:
