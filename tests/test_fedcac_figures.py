@@ -98,6 +98,26 @@ def test_fig7_claims_group_the_pairs_by_how_their_mixes_relate():
     assert "ordered as the paper says: does not hold" in flipped
 
 
+def test_fig7_finds_its_runs_through_the_tables_manifest_without_composing(tmp_path, monkeypatch):
+    from bench.core.records import RunDir
+    from bench.experiment import manifest
+    from bench.experiment.spec import expand, load_spec
+
+    monkeypatch.chdir(ROOT)  # the spec's includes, read from the repository; nothing is written there
+    spec = load_spec(fedcac_figures.spec_path("fig7"))
+    cells = expand(spec, "mini", out_dir=str(tmp_path / "runs"))
+    listed = {c: tmp_path / "runs" / f"listed-{c.seed}" for c in cells}  # names no composition gives
+    manifest.write_manifest(spec, "mini", listed, tmp_path / "results")
+
+    def refuse(cell):
+        raise AssertionError(f"{cell} was composed although the manifest lists it")
+
+    monkeypatch.setattr(manifest, "composed_dir", refuse)
+    monkeypatch.setattr(RunDir, "is_complete", lambda self: self.path.name.startswith("listed-"))
+    found = fedcac_figures.fig7_runs("mini", str(tmp_path / "runs"), str(tmp_path / "results"))
+    assert found == [listed[c] for c in cells] and found
+
+
 def test_fig8_draws_each_alphas_partition_and_its_statistics(tmp_path, figures):
     paths = fedcac_figures.fig8("mini")
     table = pd.read_csv(tmp_path / "results" / "fedcac" / "figures" / "fig8_mini.csv")

@@ -189,13 +189,15 @@ def fig7(run: Path, scale: str = "mini", seeds: list[Path] | None = None) -> lis
         return finish(fig, OUT / f"fig7{suffix(scale)}", fig7_claims(matrices, mixes, scale))
 
 
-def fig7_runs(scale: str, runs: str = "runs") -> list[Path]:
-    """The finished runs (seed order) of the Fig. 7 spec at ``scale``."""
+def fig7_runs(scale: str, runs: str = "runs", results: str = "results") -> list[Path]:
+    """The finished runs (seed order) of the Fig. 7 spec at ``scale``: from its table's manifest where it lists
+    them, else from their composed configs (:func:`bench.experiment.manifest.cell_dirs`)."""
     from bench.core.records import RunDir
-    from bench.experiment.run import run_dir_for
-    from bench.experiment.spec import cell_config, expand, load_spec
+    from bench.experiment.manifest import cell_dirs
+    from bench.experiment.spec import expand, load_spec
 
-    found = [run_dir_for(cell_config(c)) for c in expand(load_spec(spec_path("fig7")), scale, out_dir=runs)]
+    spec = load_spec(spec_path("fig7"))
+    found = cell_dirs(spec, scale, expand(spec, scale, out_dir=runs), results).values()
     return [r for r in found if RunDir(r).is_complete()]
 
 
