@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +80,14 @@ def plotted(ax: Any) -> dict[str, tuple[list[float], list[float]]]:
         line = handle.lines[0] if hasattr(handle, "lines") else handle  # an ErrorbarContainer, else a Line2D
         out[label] = ([float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
     return out
+
+
+def central_difference(f: Callable[[], float], flat: torch.Tensor, i: int, eps: float) -> float:
+    """(f(x + eps e_i) - f(x - eps e_i)) / (2 eps), moving entry ``i`` of ``flat`` in place and putting it back."""
+    old = float(flat[i])
+    flat[i] = old + eps
+    up = f()
+    flat[i] = old - eps
+    down = f()
+    flat[i] = old
+    return (up - down) / (2 * eps)
