@@ -63,11 +63,6 @@ class FileClient:
     val: np.ndarray = field(default_factory=lambda: _EMPTY)
     test_from_train: np.ndarray = field(default_factory=lambda: _EMPTY)
 
-    def as_sets(self) -> dict[str, frozenset[int]]:
-        """Each split as a set of ints (for comparisons)."""
-        return {k: frozenset(int(i) for i in getattr(self, k)) for k in KEYS}
-
-
 @dataclass(frozen=True)
 class PartitionFile:
     """A parsed partition file: its clients, the optional dataset name and free-form metadata."""

@@ -123,14 +123,6 @@ def write_report_files(files: Mapping[str, bytes], out_dir: str | os.PathLike) -
     return {"csv": out / "class_counts.csv", "png": out / "partition.png", "pdf": out / "partition.pdf"}
 
 
-def write_partition_report(partition: Partition, pool_labels: torch.Tensor, num_classes: int,
-                           out_dir: str | os.PathLike, *, class_names: Sequence[str] | None = None,
-                           title: str | None = None) -> dict[str, Path]:
-    """Write ``class_counts.csv`` and ``partition.png``/``.pdf`` (dot area ~ train samples) to ``out_dir``."""
-    return write_report_files(render_partition_report(partition, pool_labels, num_classes, class_names=class_names,
-                                                      title=title), out_dir)
-
-
 def partition_label(partition: dict) -> str:
     """A short human label of a partition config, e.g. ``dirichlet a=0.1`` or ``pathological k=2``."""
     scheme = partition["scheme"]

@@ -16,9 +16,6 @@ USED_OUTSIDE = {
     "clear_memory_cache": "the in-process cache's control, as functools' cache_clear",
     "extra_repr": "torch.nn.Module's hook for repr()",
 }
-#: used only by tests, in modules every run's code hash covers: removing them marks every committed run as computed
-#: by other code (‡), so they go in a change of their own
-IN_THE_CODE_HASH = {"resident_bytes", "as_sets", "write_partition_report"}
 
 
 def definitions(path: Path) -> list[tuple[str, int]]:
@@ -45,7 +42,7 @@ def unused(root: Path = ROOT) -> list[str]:
     found = []
     for path in sources:
         for name, line in definitions(path):
-            if len(re.findall(rf"\b{re.escape(name)}\b", text)) <= 1 and name not in {*USED_OUTSIDE, *IN_THE_CODE_HASH}:
+            if len(re.findall(rf"\b{re.escape(name)}\b", text)) <= 1 and name not in USED_OUTSIDE:
                 found.append(f"{path.relative_to(root)}:{line} {name}")
     return found
 

@@ -11,7 +11,7 @@ import torch
 import datasets.partition_file  # noqa: F401  (registers the from_file scheme)
 from datasets.partition import PARTITIONERS, LabelInfo, PartitionError, dirichlet_counts, make_partition
 from datasets.partition_cache import cached_partition
-from datasets.partition_report import class_counts, write_partition_report
+from datasets.partition_report import class_counts, render_partition_report, write_report_files
 
 N_TRAIN, N_TEST, C = 1000, 500, 10
 LABELS = LabelInfo(torch.arange(N_TRAIN) % C, torch.arange(N_TEST) % C, C)
@@ -243,7 +243,7 @@ def test_report_counts_and_plot(tmp_path):
     table = class_counts(p, POOL, C)
     assert table.loc[(0, "train"), "total"] == 30 and table.loc[(0, "val"), "total"] == 10
     assert table.xs("test", level="part")["total"].tolist() == [10] * 6
-    paths = write_partition_report(p, POOL, C, tmp_path, title="toy")
+    paths = write_report_files(render_partition_report(p, POOL, C, title="toy"), tmp_path)
     assert paths["png"].stat().st_size > 1000 and paths["pdf"].exists()
     csv = paths["csv"].read_text().splitlines()
     assert csv[0].startswith("client,part,class_0") and len(csv) == 1 + 6 * 3

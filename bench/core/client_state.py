@@ -121,20 +121,6 @@ class ClientTables:
     def _drop(table: _FileTable) -> None:
         table.mapping.madvise(mmap.MADV_DONTNEED)
 
-    def resident_bytes(self) -> int:
-        """Bytes of the file tables' pages mapped into this process now (from ``/proc/self/smaps``), for the
-        scale benchmark."""
-        starts = set(self.files)  # a file table's tensor starts where its mapping starts
-        total, current = 0, False
-        with open("/proc/self/smaps") as smaps:
-            for line in smaps:
-                head = line.split(" ", 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    current = int(head.split("-")[0], 16) in starts
-                elif current and line.startswith("Rss:"):
-                    total += int(line.split()[1]) * 1024
-        return total
-
     def close(self) -> None:
         """Unmap and delete the live table files (the snapshots of the last checkpoints stay)."""
         for table in self.files.values():
