@@ -163,6 +163,17 @@ def test_plots_draw_learning_curves_with_a_band_over_seeds(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
+def test_plots_skip_a_table_without_the_scale_and_draw_the_others(tmp_path, capsys):
+    """``make plots SCALE=medium`` runs over every spec, and FedC2I's tables have no medium scale."""
+    spec_path = spec_file(tmp_path)  # its scales: mini only
+    plots.main([str(spec_path), "--scale", "medium", "--out-dir", str(tmp_path / "runs"),
+                "--results", str(tmp_path / "results")])
+    assert capsys.readouterr().out == f"{spec_path}: no medium scale\n"
+    plots.main([str(spec_path), "--scale", "mini", "--out-dir", str(tmp_path / "runs"),
+                "--results", str(tmp_path / "results")])
+    assert capsys.readouterr().out == f"{spec_path}: 0 figures (no finished runs yet)\n"
+
+
 def test_plots_save_the_same_figure_as_the_same_bytes(tmp_path):
     import matplotlib.pyplot as plt
 

@@ -144,7 +144,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[2] / "conf" / "paper"
     specs = args.spec or sorted([*root.glob("*/table*.yaml"), *root.glob("*/fig*.yaml")])
+    from bench.experiment.spec import load_spec, scale_block
+
     for spec in specs:
+        if args.scale != "paper" and not scale_block(load_spec(spec), args.scale):
+            print(f"{spec}: no {args.scale} scale")  # e.g. FedC2I's tables at medium: nothing to draw
+            continue
         paths = table_curves(spec, args.scale, args.out_dir, args.results)
         print(f"{spec}: {len(paths) // 2} figures" + ("" if paths else " (no finished runs yet)"))
 
