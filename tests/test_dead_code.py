@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 from tests.test_layers import PACKAGES, ROOT
@@ -38,11 +39,11 @@ def unused(root: Path = ROOT) -> list[str]:
     """``path:line name`` of every definition the project's own files name nowhere else."""
     sources = sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py") if "__pycache__" not in p.parts)
     others = [*(root / "conf").rglob("*.yaml"), *[root / f for f in ("Makefile", "pyproject.toml")]]
-    text = "\n".join(p.read_text() for p in [*sources, *others] if p.is_file())
+    words = Counter(word for p in [*sources, *others] if p.is_file() for word in re.findall(r"\w+", p.read_text()))
     found = []
     for path in sources:
         for name, line in definitions(path):
-            if len(re.findall(rf"\b{re.escape(name)}\b", text)) <= 1 and name not in USED_OUTSIDE:
+            if words[name] <= 1 and name not in USED_OUTSIDE:
                 found.append(f"{path.relative_to(root)}:{line} {name}")
     return found
 
