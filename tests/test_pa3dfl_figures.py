@@ -298,6 +298,20 @@ def test_fig6_claims_rank_pa3dfl_at_each_panels_last_round() -> None:
         in text
 
 
+def test_fig6_claims_name_a_cell_the_table_could_not_average(tmp_path: Path) -> None:
+    data = [{"column": "FashionMNIST Ideal", "method": m, "round": 20, "mean": v, "std": 0.0}
+            for m, v in [("Pa3dFL", 80.0), ("FedAvg", 70.0)]]
+    assert "within 1 of the best: holds" in figs.fig6_claims(data)
+    csv_path = tmp_path / "fig6.csv"
+    csv_path.write_text("method,column,mean,std,seeds,state\nPa3dFL,FashionMNIST Ideal,,,0,did not train\n"
+                        "FedAvg,FashionMNIST Ideal,70.0,1.0,3,\n")
+    states = figs.table_states([csv_path, tmp_path / "absent.csv"])
+    assert states == {("FashionMNIST Ideal", "Pa3dFL"): "did not train"}
+    text = figs.fig6_claims(data, states=states)
+    assert ("FashionMNIST Ideal: Pa3dFL 80.0, rank 1 of 2 (best other FedAvg 70.0; within 1 of the best; the table's "
+            "cell did not train, its seeds' mean curve drawn: does not hold)") in text
+
+
 def test_fig6_reads_table1_and_fig6_cells_of_every_column() -> None:
     table1, fig6 = load_spec(figs.SPEC), load_spec(figs.FIG6_SPEC)
     assert fig6["exp"] == "pa3dfl/table1" and fig6["rows"] == table1["rows"] and fig6["columns"] == table1["columns"]

@@ -352,10 +352,26 @@ def final_means(data: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]
     return {c: {m: v for m, (_, v) in rows.items()} for c, rows in out.items()}
 
 
+def table_states(paths: Sequence[Path]) -> dict[tuple[str, str], str]:
+    """(column, method) -> the table's verdict on a cell it could not average ("did not train", "failed", ...), from
+    the tables' CSVs (their ``state`` column; a missing CSV is skipped)."""
+    import pandas as pd
+
+    states: dict[tuple[str, str], str] = {}
+    for path in paths:
+        if path.exists():
+            for r in pd.read_csv(path, keep_default_na=False).to_dict("records"):
+                if str(r.get("state", "")).strip():
+                    states[(str(r["column"]), str(r["method"]))] = str(r["state"]).strip()
+    return states
+
+
 def fig6_claims(data: Sequence[Mapping[str, Any]], highlight: str = "Pa3dFL", rival: str = "FjORD",
-                near: float = 1.0) -> str:
+                near: float = 1.0, states: Mapping[tuple[str, str], str] | None = None) -> str:
     """App. E.2's claims against the last round of each panel: under Hetero Pa3dFL first on CIFAR-10 / CIFAR-100 and
-    within ``near`` points of FjORD (or above) elsewhere; under Ideal first or within ``near`` of the best."""
+    within ``near`` points of FjORD (or above) elsewhere; under Ideal first or within ``near`` of the best. A panel
+    whose ``highlight`` cell the table could not average (``states``, e.g. "did not train": a seed ends at chance)
+    says so, and its claim does not hold whatever the mean curve's rank."""
     parts = []
     for column, means in final_means(data).items():
         if highlight not in means:
@@ -369,6 +385,9 @@ def fig6_claims(data: Sequence[Mapping[str, Any]], highlight: str = "Pa3dFL", ri
             ok, want = rival in means and mine >= means[rival] - near, f"within {near:g} of {rival}"
         else:
             ok, want = mine >= best[0] - near, f"within {near:g} of the best"
+        state = (states or {}).get((column, highlight))
+        if state:
+            ok, want = False, f"{want}; the table's cell {state}, its seeds' mean curve drawn"
         parts.append(f"{column}: {highlight} {mine:.1f}, rank {rank} of {len(means)} (best other {best[1]} "
                      f"{best[0]:.1f}; {want}: {'holds' if ok else 'does not hold'})")
     return ("Paper (App. E.2, Fig. 6): under Hetero Pa3dFL is above the others on CIFAR-10 and CIFAR-100 and "
@@ -744,7 +763,9 @@ def fig6(scale: str = "mini", out_dir: str = "runs", results: str = "results") -
     stage = load_spec(SPEC)["protocol"]["stage"]
     data = fig3_data(panels, stage)
     base = output_base("pa3dfl", "figures", scale, results) / "fig6_learning_curves"
-    return [*draw_fig3(data, base, scale, stage, per_row=2, claims=fig6_claims(data),
+    states = table_states([output_base("pa3dfl", name, scale, results).with_suffix(".csv")
+                           for name in ("table1", "fig6")])
+    return [*draw_fig3(data, base, scale, stage, per_row=2, claims=fig6_claims(data, states=states),
                        title="Fig. 6: learning curves, Ideal and Hetero (panel titles), mean +- std over seeds"),
             write_csv(data, base)]
 
