@@ -258,6 +258,20 @@ def partition_sources(
                                     data_seed=data_seed, cache_dir=cache_dir, accept=accept)
 
 
+def gather_rows(parts: Sequence[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """``torch.cat(parts)[rows]`` for ascending ``rows``, without concatenating the parts first (the sources of a
+    small federation are mostly unused: Fashion-MNIST's 70,000 images as float32 are 220 MB)."""
+    pieces, start = [], 0
+    for part in parts:
+        stop = start + part.shape[0]
+        lo, hi = torch.searchsorted(rows, torch.tensor([start, stop])).tolist()
+        pieces.append(part[rows[lo:hi] - start])
+        start = stop
+    if not pieces:
+        return torch.cat(parts)[rows]
+    return torch.cat(pieces)
+
+
 def build_federated_data(
     dataset_cfg: Mapping[str, Any],
     partition_cfg: Mapping[str, Any],
@@ -277,7 +291,6 @@ def build_federated_data(
                                           num_clients=num_clients, data_seed=data_seed, cache_dir=cache_dir,
                                           accept=accept)
     classes = train[0].classes
-    pool_images = torch.cat([p.images for p in train + test])
     pool_labels = torch.cat([labels.train_labels, labels.test_labels])
     # Keep only the samples some client uses, so device memory follows the federation, not the source.
     used = torch.unique(torch.cat([torch.cat([c.train, c.val, c.test]) for c in partition.clients]))
@@ -287,7 +300,7 @@ def build_federated_data(
         {name: remap[getattr(c, name)].to(device) for name in SPLITS} for c in partition.clients
     )
     return FederatedData(
-        images=pool_images[used].to(device),
+        images=gather_rows([p.images for p in train + test], used).to(device),
         labels=pool_labels[used].to(device),
         splits=splits,
         classes=classes,

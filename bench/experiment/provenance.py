@@ -24,13 +24,14 @@ hours of compute); tables mark them, and ``python -m bench.experiment.table ... 
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import importlib.util
 import os
 import platform
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +103,24 @@ def _project_module(name: str) -> Path | None:
     return None
 
 
+def _statements(tree: ast.AST) -> Iterator[ast.AST]:
+    """The statements of ``tree`` (with the except clauses and match cases holding some), nested ones too, in
+    ``ast.walk``'s order: an import is a statement, and no expression holds a statement, so the imports come out as
+    ``ast.walk`` gives them without visiting the expressions (most of a module's nodes)."""
+    todo = collections.deque([tree])
+    while todo:
+        node = todo.popleft()
+        todo.extend(child for child in ast.iter_child_nodes(node)
+                    if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case))
+        yield node
+
+
 def _imported(name: str, path: Path) -> list[str]:
     """The modules a module's source imports (absolute names; ``from x import y`` gives ``x.y`` where that is a
     module of this project, else ``x``), in the function bodies too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _statements(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

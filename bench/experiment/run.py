@@ -8,9 +8,15 @@ one resumes from its checkpoint.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # before torch and Hydra are imported (see preload_wandb)
+    from bench.experiment.wandb_logger import preload_wandb
+
+    preload_wandb(sys.argv[1:])
+
 import json
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
