@@ -5,6 +5,8 @@
     python scripts/crosscheck_external.py --code heterofl --checkout /tmp/HeteroFL --methods heterofl
     python scripts/crosscheck_external.py --code fedrolex --checkout /tmp/FedRolex --methods fedrolex
     python scripts/crosscheck_external.py --code pfedhn --checkout /tmp/pFedHN --methods pfedhn
+    python scripts/crosscheck_external.py --code pfedgate --checkout /tmp/pFedGate --methods pfedgate \
+        --python /tmp/xgate_venv/bin/python
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.experiment.partition.export_pfllib``), runs the external code
@@ -67,10 +69,11 @@ NESTED_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_heterofl.py"
 PFEDHN_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedhn.py"
 FEDSELECT_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fedselect.py"
 FJORD_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_fjord.py"
+PFEDGATE_LAUNCHER = Path(__file__).resolve().parent / "crosscheck_pfedgate.py"
 #: the folder of each external code base that must be unmodified and that its code runs from (the rest of a
 #: snapshot may lack data files)
 CODE_DIR = {"pfllib": "system", "pfedhn": "experiments", "fedselect": ".", "heterofl": "src", "fedrolex": ".",
-            "fjord": "baselines/fjord"}
+            "fjord": "baselines/fjord", "pfedgate": "."}
 #: what our side must set for the official HeteroFL / FedRolex code to be the same algorithm: its gradient clipping
 #: (train_classifier_fed.py and resnet_client.py: clip_grad_norm_(..., 1)), its BatchNorm handling (HeteroFL's sBN:
 #: train_classifier_fed.py stats(); FedRolex's main_resnet.py evaluates models that track no statistics: batch
@@ -428,6 +431,78 @@ def run_fjord(spec: Mapping[str, Any], method: str, partition: str, checkout: Pa
     return curves, extra, shown, time.time() - start
 
 
+#: what the official pFedGate code hard-codes, which our side must set to be its algorithm: its SGD (utils/optim.py
+#: get_optimizer: momentum 0.9, weight decay 5e-4), the model's and the gate's gradient-norm clip (gated_learner.py
+#: fit_batch: max_norm=10), the gate's initial output shift (BatchNorm1d's: 0) and its input (the whole image)
+PFEDGATE_NEEDS = {"train.optimizer": "sgd", "train.momentum": 0.9, "train.weight_decay": 0.0005,
+                  "train.grad_clip": 10.0, "method.gate_clip": 10.0, "method.gate_bias": 0.0,
+                  "capacity.setting": "ideal"}
+
+
+def pfedgate_command(spec: Mapping[str, Any], method: str, partition: str, python: str, split: Path, seed: int,
+                     out: Path) -> list[str]:
+    """The official ``run_experiment.py`` command line for one seed, through our launcher (run from the checkout),
+    from our run's config: sparsity, blocks per tensor, gate lr, rounds, lr, batch size and local epochs; refuses a
+    config of ours that is not the official algorithm (``PFEDGATE_NEEDS``, our cnn_fedavg, one sparsity for all)."""
+    s = spec["setting"]
+    conf = our_config(spec, method, partition)
+    model, hp = conf["model"], conf["method"]
+    if model["name"] != "cnn_fedavg" or model["options"].get("norm", "none") != "none" or float(model["width"]) != 1:
+        raise SystemExit(f"error: {method}: the launcher resizes the official CNN to our cnn_fedavg (norm none, "
+                         f"width 1), not {model['name']} {model['options']}")
+    wrong = [f"{k}={_get(conf, k)!r} (theirs: {v!r})" for k, v in PFEDGATE_NEEDS.items() if _get(conf, k) != v]
+    if hp["name"] != "pfedgate" or hp["sparsity"] is None:
+        wrong.append(f"method {hp['name']} with sparsity {hp.get('sparsity')!r} (theirs: pfedgate, one sparsity)")
+    first = np.load(split / "train" / "0.npz", allow_pickle=True)["data"].tolist()["x"]
+    image = int(first.shape[-1])
+    if hp.get("gate_pool") != image:
+        wrong.append(f"method.gate_pool={hp.get('gate_pool')!r} (theirs: the whole {image}x{image} image)")
+    if wrong:
+        raise SystemExit(f"error: {method}: our side differs from the official code: {', '.join(wrong)}")
+    # run_experiment.py trains n_rounds + 1 rounds (its loop runs while current_round <= n_rounds)
+    return [python, "-u", str(PFEDGATE_LAUNCHER), "--split", str(split), "--out", str(out), "--",
+            "emnist", "pFedGate", "--n_learners", "1", "--device", "cpu", "--optimizer", "sgd", "--verbose", "1",
+            "--log_freq", "1", "--expname", f"crosscheck_{method}_{partition}_s{seed}",
+            "--n_rounds", str(int(s["rounds"]) - 1), "--bz", str(s["batch_size"]), "--local_steps", str(s["epochs"]),
+            "--lr_model", str(s["lr"]), "--lr_gating", str(hp["gate_lr"]), "--sparse_factor", f"{hp['sparsity']:g}",
+            "--fine_grained_block_split", str(hp["blocks_per_tensor"]), "--seed", str(seed),
+            *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
+
+
+def pfedgate_curve(evaluations: Sequence[Sequence[float]], rounds: int) -> tuple[list[float], float]:
+    """The launcher's ``[round, accuracy %]`` evaluations (round 0: the initial model) -> (rounds 1..rounds, the
+    initial model's accuracy)."""
+    if [int(r) for r, _ in evaluations] != list(range(rounds + 1)):
+        raise SystemExit(f"error: evaluations after rounds {[int(r) for r, _ in evaluations]}, expected 0..{rounds}")
+    return [float(a) for _, a in evaluations[1:]], float(evaluations[0][1])
+
+
+def run_pfedgate(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
+                 split: Path) -> tuple[dict[str, list[float]], dict[str, float], list[str], float]:
+    """Run the official pFedGate code on the exported split through the launcher, one process per seed (in
+    parallel); per seed, accuracy (%) per round, and the initial model's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "WANDB_MODE": "disabled"}
+    start, curves, initial, runs = time.time(), {}, {}, {}
+    for seed in [int(x) for x in spec["setting"]["seeds"]]:
+        out = checkout / f"crosscheck_{method}_{partition}_s{seed}.json"
+        cmd = pfedgate_command(spec, method, partition, python, split, seed, out)
+        log = checkout / f"crosscheck_{method}_{partition}_s{seed}.log"
+        with open(log, "w") as f:
+            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env), cmd, log,
+                          out)
+    for seed, (proc, cmd, log, out) in runs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        curves[str(seed)], initial[str(seed)] = pfedgate_curve(json.loads(out.read_text())["evaluations"],
+                                                               int(spec["setting"]["rounds"]))
+    shown = [f"<pflrepro>/scripts/{PFEDGATE_LAUNCHER.name}" if c == str(PFEDGATE_LAUNCHER) else
+             "<seed>" if i > 0 and cmd[i - 1] == "--seed" else
+             f"crosscheck_{method}_{partition}_s<seed>" + Path(c).suffix if f"{method}_{partition}_s" in c else
+             c.replace(str(checkout) + "/", "") for i, c in enumerate(cmd)][1:]
+    return curves, initial, shown, time.time() - start
+
+
 #: per external code: how it runs, where it runs from, what its metric and seeds are
 RUNNERS = {
     "pfllib": {"run": run_pfllib, "cwd": "system/",
@@ -448,6 +523,11 @@ RUNNERS = {
                         "global model, evaluated by the baseline's FjORDClient.evaluate on the client's test samples "
                         "after the round's aggregation (scripts/crosscheck_fjord.py), rounds 1..rounds, in %",
               "seeds_are": "the launcher's --seed (torch, numpy and random seeded as fjord/main.py main)"},
+    "pfedgate": {"run": run_pfedgate, "cwd": "./",
+                 "metric": "the pooled test accuracy pFedGateAggregator.write_logs computes after each round "
+                           "(side_info['global_metric']: each client's gated model on its test samples, weighted by "
+                           "test size; scripts/crosscheck_pfedgate.py), rounds 1..rounds, in %",
+                 "seeds_are": "run_experiment.py's --seed (torch, random and numpy seeded at the start)"},
     **{code: {"run": run_nested, "cwd": CODE_DIR[code] + "/",
               "metric": "test accuracy pooled over all clients of the model each client holds after the round (its "
                         "width's model with its slice of the new global model; scripts/crosscheck_heterofl.py), rounds "
@@ -458,7 +538,7 @@ RUNNERS = {
 #: what a runner's second result is, kept in the reference: PFLlib's evaluations after the last round (FedBABU's
 #: fine-tuned models), the nested codes' own metrics
 EXTRA_KEY = {"pfllib": "trailing", "pfedhn": "trailing", "fedselect": "trailing", "heterofl": "their_metrics",
-             "fedrolex": "their_metrics", "fjord": "their_metrics"}
+             "fedrolex": "their_metrics", "fjord": "their_metrics", "pfedgate": "initial"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -510,6 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "platform": {"python": platform.python_version(), "machine": platform.machine()},
                    **({"model": "PFLlib's FedAvgCNN (our cnn_fedavg) built from the baseline's ordered-dropout layers "
                                "(scripts/crosscheck_fjord.py)"} if args.code == "fjord" else {}),
+                   **({"model": "the official AdaptedLeafCNN1 with FC 512 and 10 outputs (= our cnn_fedavg; "
+                               "scripts/crosscheck_pfedgate.py)"} if args.code == "pfedgate" else {}),
                    **({"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates as "
                                "in the command"} if args.code in ("heterofl", "fedrolex") else {}),
                    "seconds": round(seconds, 1), "curves": curves, **({EXTRA_KEY[args.code]: extra} if extra else {})}
