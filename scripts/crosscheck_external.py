@@ -381,6 +381,12 @@ def run_fedselect(spec: Mapping[str, Any], method: str, partition: str, checkout
     return curves, {}, shown, time.time() - start
 
 
+def require_plain_cnn_fedavg(method: str, model: Mapping[str, Any], why: str) -> None:
+    """Refuse (exit) our side's model unless it is cnn_fedavg without norm layers at width 1, which ``why`` needs."""
+    if model["name"] != "cnn_fedavg" or model["options"].get("norm", "none") != "none" or float(model["width"]) != 1:
+        raise SystemExit(f"error: {method}: {why} (norm none, width 1), not {model['name']} {model['options']}")
+
+
 def fjord_command(spec: Mapping[str, Any], method: str, partition: str, python: str, split: Path, seed: int,
                   out: Path) -> list[str]:
     """The launcher's command line for Flower's FjORD baseline, from our run's config: the same width per client and
@@ -391,9 +397,8 @@ def fjord_command(spec: Mapping[str, Any], method: str, partition: str, python: 
     s = spec["setting"]
     conf = our_config(spec, method, partition)
     model, hp = conf["model"], conf["method"]
-    if model["name"] != "cnn_fedavg" or model["options"].get("norm", "none") != "none" or float(model["width"]) != 1:
-        raise SystemExit(f"error: {method}: the launcher builds our cnn_fedavg (norm none, width 1) from the "
-                         f"baseline's ordered-dropout layers, not {model['name']} {model['options']}")
+    require_plain_cnn_fedavg(method, model, "the launcher builds our cnn_fedavg from the baseline's ordered-dropout "
+                             "layers")
     wrong = [f"method.{k}={hp[k]!r} (theirs: {v!r})" for k, v in
              {"name": "fjord", "distill_weight": 1.0, "temperature": 1.0, "scaler": False}.items() if hp[k] != v]
     if wrong:
@@ -447,9 +452,7 @@ def pfedgate_command(spec: Mapping[str, Any], method: str, partition: str, pytho
     s = spec["setting"]
     conf = our_config(spec, method, partition)
     model, hp = conf["model"], conf["method"]
-    if model["name"] != "cnn_fedavg" or model["options"].get("norm", "none") != "none" or float(model["width"]) != 1:
-        raise SystemExit(f"error: {method}: the launcher resizes the official CNN to our cnn_fedavg (norm none, "
-                         f"width 1), not {model['name']} {model['options']}")
+    require_plain_cnn_fedavg(method, model, "the launcher resizes the official CNN to our cnn_fedavg")
     wrong = [f"{k}={_get(conf, k)!r} (theirs: {v!r})" for k, v in PFEDGATE_NEEDS.items() if _get(conf, k) != v]
     if hp["name"] != "pfedgate" or hp["sparsity"] is None:
         wrong.append(f"method {hp['name']} with sparsity {hp.get('sparsity')!r} (theirs: pfedgate, one sparsity)")

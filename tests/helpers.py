@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -91,3 +92,12 @@ def central_difference(f: Callable[[], float], flat: torch.Tensor, i: int, eps: 
     down = f()
     flat[i] = old
     return (up - down) / (2 * eps)
+
+
+def script(name: str) -> Any:
+    """The module ``scripts/<name>.py`` (scripts are not a package), loaded afresh."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

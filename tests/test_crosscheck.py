@@ -32,6 +32,7 @@ from bench.experiment.crosscheck import (
 from bench.experiment.errors import ConfigError
 from bench.experiment.partition import export_pfllib, rebuild_partition
 from datasets.sources import SOURCES
+from tests.helpers import script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,19 +134,11 @@ def test_crosscheck_passes_unchanged_and_fails_when_the_update_rule_is_perturbed
     assert main([*common, "--methods", "fedavg", "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1
 
 
-def _script(name: str):  # noqa: ANN202 - a module loaded from scripts/
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_pfllib_bn_launcher_model_is_our_cnn_fedavg_with_bn_and_names_only_its_norm_layers_bn() -> None:
     from bench.core.models import build_model
 
-    theirs = _script("pfllib_bn_cnn").FedAvgCNNWithBN(in_features=1, num_classes=10, dim=1024)
+    theirs = script("pfllib_bn_cnn").FedAvgCNNWithBN(in_features=1, num_classes=10, dim=1024)
     ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28, norm="bn")
     t_state, o_state = theirs.state_dict(), ours.state_dict()
     assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
@@ -162,7 +155,7 @@ def test_pfllib_bn_launcher_model_is_our_cnn_fedavg_with_bn_and_names_only_its_n
 
 
 def test_pfllib_command_runs_a_bn_method_through_the_launcher() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     plain = ext.pfllib_command(spec, "fedavg", "py", "D")
     bn = ext.pfllib_command(spec, "fedbn", "py", "D")
@@ -253,7 +246,7 @@ def test_a_comparison_needs_as_many_seeds_on_both_sides(tmp_path: Path) -> None:
 
 
 def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     assert ext.with_seeds(spec, None) is spec
     five = ext.with_seeds(spec, [0, 1, 2, 3, 4])
@@ -265,7 +258,7 @@ def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
 
 
 def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_difference() -> None:
-    spread = _script("crosscheck_seeds").spread
+    spread = script("crosscheck_seeds").spread
     ours = {"0": [70.0, 80.0, 78.0], "1": [70.0, 76.0, 82.0], "2": [70.0, 84.0, 80.0]}
     theirs = {"0": [70.0, 81.0, 79.0], "1": [70.0, 83.0, 81.0]}
     s = spread(ours, theirs)
@@ -279,7 +272,7 @@ def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_diff
 
 
 def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_another_algorithm() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     s = spec["setting"]
     for method in ("heterofl", "fedrolex"):
@@ -305,7 +298,7 @@ def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_an
 
 
 def test_nested_launcher_ray_stand_in_runs_remote_calls_in_process_in_order() -> None:
-    ray = _script("crosscheck_heterofl").ray_stand_in()
+    ray = script("crosscheck_heterofl").ray_stand_in()
 
     @ray.remote(num_gpus=0.15)
     class Counter:
@@ -341,7 +334,7 @@ class _StandInConv(torch.nn.Module):
 def test_nested_launcher_renames_fedrolex_layers_for_its_server_and_keeps_the_net() -> None:
     import copy
 
-    launcher = _script("crosscheck_heterofl")
+    launcher = script("crosscheck_heterofl")
     torch.manual_seed(0)
     plain = _StandInConv(0.5)
     torch.manual_seed(0)
@@ -363,7 +356,7 @@ def test_nested_launcher_renames_fedrolex_layers_for_its_server_and_keeps_the_ne
 def test_nested_launcher_reads_our_export_and_recollects_statistics_with_scalers_as_at_test_time(tmp_path) -> None:
     from methods._nested import Scaler
 
-    launcher = _script("crosscheck_heterofl")
+    launcher = script("crosscheck_heterofl")
     for part, labels in (("train", [[3, 3, 7], [1, 2]]), ("test", [[3], [2, 1]])):
         (tmp_path / part).mkdir()
         for cid, y in enumerate(labels):
@@ -390,7 +383,7 @@ def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None
     rounds x num_clients rounds, evaluated every num_clients rounds, with the hyperparameters theirs gets."""
     from bench.experiment.crosscheck import our_overrides
 
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     s = spec["setting"]
     conf = to_container(compose_config(our_overrides(spec, "pfedhn", "pat", 0)))
@@ -415,7 +408,7 @@ def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None
 
 
 def test_pfedhn_curve_drops_the_evaluation_after_the_first_step() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     evaluations = [0.1, 0.25, 0.5, 0.75]  # after steps 1, n + 1, 2n + 1 and the last (3n)
     assert ext.per_round(evaluations, 3) == [25.0, 50.0, 75.0]
     with pytest.raises(SystemExit, match="expected rounds \\+ 1 = 5"):
@@ -511,7 +504,7 @@ def test_a_method_may_compare_the_pre_aggregation_stage_and_state_its_own_settin
 
 
 def test_fedselect_curve_pools_the_printed_client_accuracies_of_every_round() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     log = ("100%|###| 1/1\nClient Accs:  tensor([0.90000000, 0.80000000])  | Mean:  tensor(0.85000000)\n"
            "noise\nClient Accs:  tensor([1.00000000, 0.70000000])  | Mean:  tensor(0.85000000)\n")
     assert ext.fedselect_curve(log, 2, [100, 100]) == pytest.approx([85.0, 85.0])
@@ -526,7 +519,7 @@ def test_fedselect_curve_pools_the_printed_client_accuracies_of_every_round() ->
 def test_fedselect_launcher_model_is_our_cnn_fedavg_with_the_classifier_named_fc() -> None:
     from bench.core.models import build_model
 
-    theirs = _script("crosscheck_fedselect").fedavg_cnn(1, 10, 28)
+    theirs = script("crosscheck_fedselect").fedavg_cnn(1, 10, 28)
     ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28)
     t_state, o_state = theirs.state_dict(), ours.state_dict()
     assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]

@@ -18,17 +18,7 @@ from torch import nn
 
 from bench.core.models import build_model
 from bench.experiment.crosscheck import load_spec
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):  # noqa: ANN202 - a module loaded from scripts/
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import script
 
 
 class _ODConv(nn.Conv2d):  # ordered dropout as the baseline's layers expose it: forward(x, p) keeps a prefix
@@ -65,7 +55,7 @@ class _Sampler:  # the baseline's samplers hand one p to every OD layer of a for
 
 
 def test_launcher_model_is_our_cnn_fedavg_and_its_ordered_dropout_submodels_our_narrow_workers() -> None:
-    net = _script("crosscheck_fjord").od_fedavg_cnn(FAKE_OD, SimpleNamespace(BaseSampler=lambda m: _Sampler(None)))
+    net = script("crosscheck_fjord").od_fedavg_cnn(FAKE_OD, SimpleNamespace(BaseSampler=lambda m: _Sampler(None)))
     ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28)
     t_state, o_state = net.state_dict(), ours.state_dict()
     assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
@@ -81,7 +71,7 @@ def test_launcher_model_is_our_cnn_fedavg_and_its_ordered_dropout_submodels_our_
 
 
 def test_launcher_loaders_hold_the_clients_samples_in_the_same_batch_order_whenever_built(tmp_path: Path) -> None:
-    launcher = _script("crosscheck_fjord")
+    launcher = script("crosscheck_fjord")
     for part, n in (("train", 30), ("test", 7)):
         (tmp_path / part).mkdir()
         data = {"x": np.arange(n * 4, dtype=np.float32).reshape(n, 1, 2, 2), "y": np.arange(n) % 3}
@@ -98,7 +88,7 @@ def test_launcher_loaders_hold_the_clients_samples_in_the_same_batch_order_whene
 
 
 def test_fjord_command_takes_widths_and_settings_from_our_config_and_refuses_another_algorithm() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     s = spec["setting"]
     cmd = ext.fjord_command(spec, "fjord", "pat", "py", Path("/d"), 1, Path("/o.json"))

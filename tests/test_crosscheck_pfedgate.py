@@ -17,17 +17,7 @@ from torch import nn
 
 from bench.core.models import build_model
 from bench.experiment.crosscheck import load_spec
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):  # noqa: ANN202 - a module loaded from scripts/
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import script
 
 
 class _LeafCNN(nn.Module):  # the interface of the official AdaptedLeafCNN1 (LEAF's FEMNIST CNN) the launcher relies on
@@ -52,7 +42,7 @@ def _split(folder: Path, n_train: int = 25, n_test: int = 7) -> Path:
 
 
 def test_resized_official_cnn_is_our_cnn_fedavg() -> None:
-    net = _script("crosscheck_pfedgate").resized_leaf_cnn(_LeafCNN, 512, 10)(num_classes=62)
+    net = script("crosscheck_pfedgate").resized_leaf_cnn(_LeafCNN, 512, 10)(num_classes=62)
     ours = build_model("cnn_fedavg", num_classes=10, in_channels=1, image_size=28)
     t_state, o_state = net.state_dict(), ours.state_dict()
     assert [v.shape for v in t_state.values()] == [v.shape for v in o_state.values()]
@@ -63,7 +53,7 @@ def test_resized_official_cnn_is_our_cnn_fedavg() -> None:
 
 
 def test_loaders_serve_the_export_as_the_official_loaders(tmp_path: Path) -> None:
-    launcher = _script("crosscheck_pfedgate")
+    launcher = script("crosscheck_pfedgate")
     split = _split(tmp_path)
     train, val, test = launcher.exported_loaders(split, 10)
     again, _, _ = launcher.exported_loaders(split, 10)
@@ -86,7 +76,7 @@ def test_removed_names_are_restored_as_they_were(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.delitem(np.__dict__, "int", raising=False)
     monkeypatch.delitem(sys.modules, "torch._six", raising=False)
-    _script("crosscheck_pfedgate").restore_removed_names()
+    script("crosscheck_pfedgate").restore_removed_names()
     assert np.int is int  # type: ignore[attr-defined]
     from torch._six import inf  # type: ignore[import-not-found]
 
@@ -95,7 +85,7 @@ def test_removed_names_are_restored_as_they_were(monkeypatch: pytest.MonkeyPatch
 
 
 def test_pfedgate_command_takes_settings_from_our_config_and_refuses_another_algorithm(tmp_path: Path) -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     spec = load_spec()
     s, block = spec["setting"], spec["methods"]["pfedgate"]
     split = _split(tmp_path)
@@ -117,7 +107,7 @@ def test_pfedgate_command_takes_settings_from_our_config_and_refuses_another_alg
 
 
 def test_pfedgate_curve_drops_the_initial_evaluation_and_checks_the_rounds() -> None:
-    ext = _script("crosscheck_external")
+    ext = script("crosscheck_external")
     assert ext.pfedgate_curve([[0, 9.5], [1, 40.0], [2, 55.25]], 2) == ([40.0, 55.25], 9.5)
     with pytest.raises(SystemExit, match="expected 0..3"):
         ext.pfedgate_curve([[0, 9.5], [1, 40.0], [2, 55.25]], 3)
