@@ -61,6 +61,7 @@ from bench.experiment.crosscheck import (  # noqa: E402
     method_partitions,
     our_overrides,
     setting_overrides,
+    stage,
 )
 from bench.experiment.partition import export_pfllib  # noqa: E402
 
@@ -441,14 +442,15 @@ def run_fjord(spec: Mapping[str, Any], method: str, partition: str, checkout: Pa
 #: fit_batch: max_norm=10), the gate's initial output shift (BatchNorm1d's: 0) and its input (the whole image)
 PFEDGATE_NEEDS = {"train.optimizer": "sgd", "train.momentum": 0.9, "train.weight_decay": 0.0005,
                   "train.grad_clip": 10.0, "method.gate_clip": 10.0, "method.gate_bias": 0.0,
-                  "capacity.setting": "ideal"}
+                  "capacity.setting": "ideal", "participation": 1.0}
 
 
 def pfedgate_command(spec: Mapping[str, Any], method: str, partition: str, python: str, split: Path, seed: int,
                      out: Path) -> list[str]:
     """The official ``run_experiment.py`` command line for one seed, through our launcher (run from the checkout),
     from our run's config: sparsity, blocks per tensor, gate lr, rounds, lr, batch size and local epochs; refuses a
-    config of ours that is not the official algorithm (``PFEDGATE_NEEDS``, our cnn_fedavg, one sparsity for all)."""
+    config of ours that is not the official algorithm (``PFEDGATE_NEEDS``, our cnn_fedavg, one sparsity for all) or
+    that compares another stage than the official evaluation's (``pre``)."""
     s = spec["setting"]
     conf = our_config(spec, method, partition)
     model, hp = conf["model"], conf["method"]
@@ -460,6 +462,9 @@ def pfedgate_command(spec: Mapping[str, Any], method: str, partition: str, pytho
     image = int(first.shape[-1])
     if hp.get("gate_pool") != image:
         wrong.append(f"method.gate_pool={hp.get('gate_pool')!r} (theirs: the whole {image}x{image} image)")
+    if stage(spec, method) != "pre":  # every client sampled: none gets the new average before write_logs
+        wrong.append(f"stage {stage(spec, method)!r} (theirs: each client's model after its local training, before "
+                     "the new average reaches it; set stage: pre)")
     if wrong:
         raise SystemExit(f"error: {method}: our side differs from the official code: {', '.join(wrong)}")
     # run_experiment.py trains n_rounds + 1 rounds (its loop runs while current_round <= n_rounds)

@@ -100,10 +100,16 @@ def test_pfedgate_command_takes_settings_from_our_config_and_refuses_another_alg
         f"{hp['sparsity']:g}", str(hp["blocks_per_tensor"]), str(hp["gate_lr"])]
     for bad_override, match in (("train.momentum=0.0", "train.momentum"), ("method.gate_bias=4.0", "gate_bias"),
                                 ("method.sparsity=null", "sparsity"), ("method.gate_pool=32", "gate_pool"),
-                                ("capacity.setting=hetero", "capacity.setting"), ("model.options.norm=bn", "norm")):
+                                ("capacity.setting=hetero", "capacity.setting"), ("model.options.norm=bn", "norm"),
+                                ("participation=0.5", "participation")):
         bad = {**spec, "methods": {**spec["methods"], "pfedgate": {**block, "ours": [*block["ours"], bad_override]}}}
         with pytest.raises(SystemExit, match=match):
             ext.pfedgate_command(bad, "pfedgate", "pat", "py", split, 0, Path("/o.json"))
+    for stage, match in (("post", "stage 'post'"), (None, "stage 'post'")):  # default: post
+        other = {k: v for k, v in block.items() if k != "stage"} | ({"stage": stage} if stage else {})
+        with pytest.raises(SystemExit, match=match):
+            ext.pfedgate_command({**spec, "methods": {**spec["methods"], "pfedgate": other}}, "pfedgate", "pat", "py",
+                                 split, 0, Path("/o.json"))
 
 
 def test_pfedgate_curve_drops_the_initial_evaluation_and_checks_the_rounds() -> None:
