@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines += [f"- ours: commit `{meta['our_commit']}`{' (with uncommitted changes)' if meta['dirty'] else ''}",
               f"- machine: {meta['cpu']}, {meta['cores']} cores, torch {meta['torch']}; load average "
               f"{meta['load_before']} before, {meta['load_after']} after (a shared machine: wall-clock seconds "
-              "include waiting for a core; CPU seconds do not)"]
+              "include waiting for a core; CPU seconds do not)",
+              f"- CPU kernels (both sides run in this environment): {meta.get('kernels', 'not recorded')}"]
     if not ours_only:
         lines.append(f"- data: Fashion-MNIST, our Dirichlet split (alpha 0.1, data seed 0), {CLIENTS} clients, "
                      f"{meta['split_sizes']['train']} training and {meta['split_sizes']['test']} test images in all "
@@ -358,7 +360,18 @@ def meta_of(args: argparse.Namespace, pfllib: Path | None, load_before: tuple[fl
                          if ln.startswith("model name")), platform.processor()),
             "cores": os.cpu_count(), "torch": torch.__version__, "repeats": args.repeats, "rounds": args.rounds,
             "load_before": " ".join(f"{x:.1f}" for x in load_before),
-            "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()), "split_sizes": split_sizes}
+            "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()), "split_sizes": split_sizes,
+            "kernels": kernel_setting(torch.backends.cpu.get_cpu_capability(), os.environ)}
+
+
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernel_setting(capability: str, env: Mapping[str, str]) -> str:
+    """The instruction set torch's CPU kernels use and the environment caps that choose it: they move both sides'
+    seconds (AVX2 trains ~1.5x slower than AVX-512 here) and so the ratio."""
+    caps = [f"{k}={env[k]}" for k in KERNEL_CAPS if k in env]
+    return f"torch CPU capability {capability}; " + (", ".join(caps) if caps else "no caps set (the defaults)")
 
 
 def write(args: argparse.Namespace, results: dict[str, Any], meta: dict[str, Any]) -> None:

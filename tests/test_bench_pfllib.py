@@ -99,3 +99,16 @@ def test_ours_only_runs_each_mode_in_turn_without_pfllib_and_reports_the_saving(
     assert "--ours-only --methods fedavg --repeats 2 --our-eval-stages default post --rounds 3" in report
     merged = bench_pfllib.merge_results([json.loads(out.with_suffix(".json").read_text())] * 2)
     assert merged["fedavg"]["ours_post"]["cpu"] == [27.0] * 4
+
+
+def test_the_report_names_the_cpu_kernels_both_sides_ran_with():
+    """The kernel caps move both sides' seconds and the ratio, so the report states them; older reports say they
+    were not recorded."""
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "PATH": "/bin"}
+    assert bench_pfllib.kernel_setting("AVX2", caps) == (
+        "torch CPU capability AVX2; ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2")
+    assert bench_pfllib.kernel_setting("AVX512", {}) == "torch CPU capability AVX512; no caps set (the defaults)"
+    merged = bench_pfllib.merge_results([part("fedavg", 10.0, 30.0, 70.0)])
+    assert "- CPU kernels (both sides run in this environment): torch CPU capability AVX2; x" in bench_pfllib.report(
+        merged, {**META, "kernels": "torch CPU capability AVX2; x"})
+    assert "- CPU kernels (both sides run in this environment): not recorded" in bench_pfllib.report(merged, META)
