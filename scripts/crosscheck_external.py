@@ -412,24 +412,36 @@ def fjord_command(spec: Mapping[str, Any], method: str, partition: str, python: 
             *[str(a) for a in spec["methods"][method]["external"].get("args", [])]]
 
 
+def launch_per_seed(spec: Mapping[str, Any], method: str, partition: str, cwd: Path, env: Mapping[str, str],
+                    command: Any) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Run a launcher once per seed of the setting (in parallel, ``command(seed, out)`` its command line, run in
+    ``cwd``): each seed's JSON output, and the command as the reference shows it (paths and the seed generic)."""
+    runs = {}
+    for seed in [int(x) for x in spec["setting"]["seeds"]]:
+        out = cwd / f"crosscheck_{method}_{partition}_s{seed}.json"
+        cmd = command(seed, out)
+        log = cwd / f"crosscheck_{method}_{partition}_s{seed}.log"
+        with open(log, "w") as f:  # its progress bars and warnings too
+            runs[seed] = (subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=dict(env)), cmd, log,
+                          out)
+    results = {}
+    for seed, (proc, cmd, log, out) in runs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
+        results[seed] = json.loads(out.read_text())
+    return results, cmd
+
+
 def run_fjord(spec: Mapping[str, Any], method: str, partition: str, checkout: Path, python: str,
               split: Path) -> tuple[dict[str, list[float]], dict[str, Any], list[str], float]:
     """Run Flower's FjORD baseline on the exported split through the launcher, one process per seed (in parallel);
     per seed, accuracy (%) per round."""
-    cwd = checkout / CODE_DIR["fjord"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    start, curves, extra, runs = time.time(), {}, {}, {}
-    for seed in [int(x) for x in spec["setting"]["seeds"]]:
-        out = cwd / f"crosscheck_{method}_{partition}_s{seed}.json"
-        cmd = fjord_command(spec, method, partition, python, split, seed, out)
-        log = cwd / f"crosscheck_{method}_{partition}_s{seed}.log"
-        with open(log, "w") as f:  # its progress bars and warnings too
-            runs[seed] = (subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env=env), cmd, log, out)
-    for seed, (proc, cmd, log, out) in runs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
-        result = json.loads(out.read_text())
-        curves[str(seed)], extra[str(seed)] = result["curve"], result["their_metrics"]
+    start = time.time()
+    results, cmd = launch_per_seed(spec, method, partition, checkout / CODE_DIR["fjord"], env,
+                                   lambda seed, out: fjord_command(spec, method, partition, python, split, seed, out))
+    curves = {str(seed): r["curve"] for seed, r in results.items()}
+    extra = {str(seed): r["their_metrics"] for seed, r in results.items()}
     shown = [f"<pflrepro>/scripts/{FJORD_LAUNCHER.name}" if c == str(FJORD_LAUNCHER) else
              "<seed>" if i > 0 and cmd[i - 1] == "--seed" else
              f"crosscheck_{method}_{partition}_s<seed>.json" if c.endswith(".json") else
@@ -491,19 +503,13 @@ def run_pfedgate(spec: Mapping[str, Any], method: str, partition: str, checkout:
     parallel); per seed, accuracy (%) per round, and the initial model's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "WANDB_MODE": "disabled"}
-    start, curves, initial, runs = time.time(), {}, {}, {}
-    for seed in [int(x) for x in spec["setting"]["seeds"]]:
-        out = checkout / f"crosscheck_{method}_{partition}_s{seed}.json"
-        cmd = pfedgate_command(spec, method, partition, python, split, seed, out)
-        log = checkout / f"crosscheck_{method}_{partition}_s{seed}.log"
-        with open(log, "w") as f:
-            runs[seed] = (subprocess.Popen(cmd, cwd=checkout, stdout=f, stderr=subprocess.STDOUT, env=env), cmd, log,
-                          out)
-    for seed, (proc, cmd, log, out) in runs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}); see {log}")
-        curves[str(seed)], initial[str(seed)] = pfedgate_curve(json.loads(out.read_text())["evaluations"],
-                                                               int(spec["setting"]["rounds"]))
+    start = time.time()
+    results, cmd = launch_per_seed(spec, method, partition, checkout, env,
+                                   lambda seed, out: pfedgate_command(spec, method, partition, python, split, seed,
+                                                                      out))
+    curves, initial = {}, {}
+    for seed, r in results.items():
+        curves[str(seed)], initial[str(seed)] = pfedgate_curve(r["evaluations"], int(spec["setting"]["rounds"]))
     shown = [f"<pflrepro>/scripts/{PFEDGATE_LAUNCHER.name}" if c == str(PFEDGATE_LAUNCHER) else
              "<seed>" if i > 0 and cmd[i - 1] == "--seed" else
              f"crosscheck_{method}_{partition}_s<seed>" + Path(c).suffix if f"{method}_{partition}_s" in c else
@@ -511,7 +517,6 @@ def run_pfedgate(spec: Mapping[str, Any], method: str, partition: str, checkout:
     return curves, initial, shown, time.time() - start
 
 
-#: per external code: how it runs, where it runs from, what its metric and seeds are
 RUNNERS = {
     "pfllib": {"run": run_pfllib, "cwd": "system/",
                "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
