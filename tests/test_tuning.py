@@ -12,8 +12,9 @@ import pytest
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.experiment.run import validate
-from bench.experiment.spec import Cell, cell_config, expand, load_spec
-from bench.experiment.tuning import grid_points, point_name, score_selection, search_spec, settings
+from bench.experiment.spec import Cell, cell_config, load_spec
+from bench.experiment.tuning import grid_points, point_name, score_selection, settings
+from bench.experiment.tuning import search_cells as tuning_cells
 from methods.lgfedavg import local_layers_mask
 
 FEDSELECT = Path(__file__).resolve().parent.parent / "conf" / "paper" / "fedselect" / "table1.yaml"
@@ -22,10 +23,7 @@ PA3DFL = Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / 
 
 def search_cells(spec: dict[str, Any], scale: str) -> list[Cell]:
     """The cells ``bench.experiment.tuning.tune`` runs (without running them)."""
-    tuning = settings(spec, scale)
-    grid = {row: grid_points(points) for row, points in tuning["grid"].items()}
-    return expand(search_spec(spec, grid), scale, tuning["seeds"], "runs",
-                  [f"partition.val_fraction={tuning['val_fraction']}", "eval.primary.selection=best_val"])
+    return tuning_cells(spec, scale)[1]
 
 
 @pytest.mark.parametrize("scale", ["mini", "paper"])

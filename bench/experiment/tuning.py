@@ -38,7 +38,7 @@ from bench.core.records import RunDir
 from bench.core.summary import pick
 from bench.experiment.cells import run_cells
 from bench.experiment.result import Result, frame_grid, to_markdown
-from bench.experiment.spec import expand, label, output_base, scale_block, scale_columns
+from bench.experiment.spec import Cell, expand, label, output_base, scale_block, scale_columns
 from common.verified_io import atomic_write_json, atomic_write_text
 
 
@@ -105,19 +105,39 @@ def score_selection(protocol: dict[str, Any]) -> str:
     return "final" if protocol["selection"] == "final" else "best_val"
 
 
+def row_grids(spec: dict[str, Any], scale: str) -> dict[str, list[list[str]]]:
+    """Each tuned row's grid points at ``scale`` (:func:`grid_points`), rows marked unavailable left out; empty
+    without a ``tuning:`` block."""
+    if not spec.get("tuning"):
+        return {}
+    tuning = settings(spec, scale)
+    return {row["name"]: grid_points(tuning["grid"][row["name"]]) for row in spec["rows"]
+            if row["name"] in tuning.get("grid", {}) and not row.get("unavailable")}
+
+
+def search_cells(spec: dict[str, Any], scale: str, out_dir: str = "runs",
+                 extra: Sequence[str] = ()) -> tuple[dict[str, Any], list[Cell]]:
+    """The search's spec and its cells (every grid point on the tuning seeds with the validation split), as
+    :func:`tune` runs them; no cells without a grid."""
+    tuning, grid = settings(spec, scale), row_grids(spec, scale)
+    if not grid:
+        return spec, []
+    search = search_spec(spec, grid)
+    return search, expand(search, scale, tuning["seeds"], out_dir,
+                          [*extra, f"partition.val_fraction={tuning['val_fraction']}",
+                           "eval.primary.selection=best_val"])
+
+
 def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
          extra: Sequence[str] = (), results_dir: str | os.PathLike = "results") -> dict[str, Any]:
     """Run the grid, write the choices, and return the spec with each tuned row's choice per column."""
     tuning = settings(spec, scale)
     proto = spec["protocol"]
-    grid = {row["name"]: grid_points(tuning["grid"][row["name"]]) for row in spec["rows"]
-            if row["name"] in tuning.get("grid", {}) and not row.get("unavailable")}
+    grid = row_grids(spec, scale)
     if not grid:
         return spec
-    search = search_spec(spec, grid)
+    search, cells = search_cells(spec, scale, out_dir, extra)
     columns = scale_columns(spec, scale)  # a scale may run a subset of the columns (scales.<scale>.columns)
-    cells = expand(search, scale, tuning["seeds"], out_dir,
-                   [*extra, f"partition.val_fraction={tuning['val_fraction']}", "eval.primary.selection=best_val"])
     print(f"tuning: {len(search['rows'])} grid points x {len(columns)} columns x {len(tuning['seeds'])} "
           "seeds", flush=True)
     scores: dict[tuple[str, str], list[float]] = {}

@@ -1,0 +1,94 @@
+"""scripts/fit_rounds.py: a table's cells at as many rounds as fit a time budget, every run the table command will
+need (each grid point's final cells and the search's), packed so that the table afterwards reuses them all."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from bench.experiment.cells import run_cells
+from bench.experiment.identity import run_dir_for
+from bench.experiment.spec import cell_config, expand, load_spec
+from bench.experiment.tuning import tune
+from tests.helpers import script
+
+fit_rounds = script("fit_rounds")
+
+PA3DFL = Path(__file__).resolve().parent.parent / "conf" / "paper" / "pa3dfl" / "table1.yaml"
+
+SPEC = """\
+paper: fedcac
+table: "1"
+title: toy
+protocol: {stage: post, selection: best_val, weighting: unweighted}
+seeds: [0]
+base: [rounds=2, num_clients=4, train.batch_size=10, cache_dir=null, quiet=true, logger.wandb.mode=disabled,
+       partition.n_train=40, partition.n_test=20, partition.val_fraction=0.25, eval.chance_z=null]
+columns:
+  - {name: A, dataset: synthetic, model: small_cnn, overrides: [partition=pathological],
+     paper: {dataset: cifar10, setting: pathological-2}}
+rows:
+  - {name: FedAvg, overrides: [method=fedavg]}
+  - {name: Separate, overrides: [method=local]}
+tuning:
+  seeds: [7]
+  val_fraction: 0.25
+  grid:
+    Separate: {train.lr: [0.001, 0.3]}
+scales:
+  mini:
+    seeds: [0]
+    base: [rounds=1]
+"""
+
+
+def test_longest_first_schedule_and_the_most_rounds_that_fit():
+    assert fit_rounds.makespan([3, 3, 2, 2, 2], 2) == 7  # 3+2+2 | 3+2
+    assert fit_rounds.makespan([5], 4) == 5 and fit_rounds.makespan([], 2) == 0
+    costs = [(1.0, 2.0), (0.5, 2.0)]  # (seconds per round, start-up)
+    # one worker: 4 + 1.5 R <= 20 -> R <= 10.67; multiples of 2 -> 10
+    assert fit_rounds.choose_rounds(costs, 1, 20.0, 2, 100, 1.0) == 10
+    assert fit_rounds.choose_rounds(costs, 2, 20.0, 2, 100, 1.0) == 18  # the slower run alone: 2 + R <= 20
+    assert fit_rounds.choose_rounds(costs, 2, 20.0, 2, 12, 1.0) == 12  # capped
+    assert fit_rounds.choose_rounds(costs, 2, 20.0, 2, 100, 2.0) == 8  # margin on the seconds per round
+    assert fit_rounds.choose_rounds(costs, 1, 3.0, 2, 100, 1.0) == 0  # not even 2 rounds fit
+
+
+def test_every_run_the_table_may_need_once_whichever_point_the_search_picks():
+    spec = load_spec(PA3DFL)
+    pairs = fit_rounds.all_cells(spec, "medium", "runs", [])
+    composed = fit_rounds.compose(pairs, "medium")
+    dirs = {run_dir_for(cfg) for _, _, cfg in composed}
+    assert len(dirs) == len(composed) == 2 + 12 * 3 + 3  # the search's 2, the table's 36, Pa3dFL at the other point
+    for momentum in (0.0, 0.9):  # as tune() returns the spec with its choice for the medium column
+        tuned = load_spec(PA3DFL)
+        row = next(r for r in tuned["rows"] if r["name"] == "Pa3dFL")
+        row["tuned"] = {"FashionMNIST Hetero": [f"method.hn_momentum={momentum}"]}
+        assert {run_dir_for(cell_config(c, tuned, "medium")) for c in expand(tuned, "medium")} <= dirs
+
+
+def test_the_runs_fit_are_packed_and_the_table_then_reuses_every_one(tmp_path, capsys):
+    spec_path = tmp_path / "toy.yaml"
+    spec_path.write_text(SPEC)
+    out_dir, pack = tmp_path / "runs", tmp_path / "out" / "runs.tar"
+    pack.parent.mkdir()
+    code = fit_rounds.main([str(spec_path), "--scale", "mini", "--budget-s", "200", "--workers", "2",
+                            "--probe-rounds", "2", "--round-multiple", "1", "--max-rounds", "3",
+                            "--out-dir", str(out_dir), "--pack", str(pack)])
+    assert code == 0
+    report = json.loads(pack.with_suffix(".json").read_text())
+    rounds = report["rounds"]
+    assert rounds == 3 and set(report["probe"]) == {"FedAvg", "Separate"}
+    assert len(report["runs"]) == 5 and all(r["ok"] for r in report["runs"])  # 2 search + FedAvg + Separate x 2
+    with tarfile.open(pack) as tar:
+        names = set(tar.getnames())
+    assert {n.rsplit("/", 1)[1] for n in names} >= {"config.yaml", "rounds.jsonl", "summary.json"}
+    assert not any(n.endswith(".pt") for n in names)  # records only, no checkpoints
+    assert len({n.split("/summary.json")[0] for n in names if n.endswith("summary.json")}) == 5
+    # the table at that many rounds finds every run finished: tuning, then the final cells
+    spec_path.write_text(SPEC.replace("base: [rounds=1]", f"base: [rounds={rounds}]"))
+    spec = tune(load_spec(spec_path), "mini", {"name": "inline"}, str(out_dir), results_dir=str(tmp_path / "results"))
+    capsys.readouterr()
+    run_cells(expand(spec, "mini", out_dir=str(out_dir)), spec=spec, scale="mini")
+    assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out
