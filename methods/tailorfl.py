@@ -96,7 +96,8 @@ class TailorFL(Method):
     def setup(self, init: torch.Tensor) -> None:
         n = self.fed.num_clients
         self.state.update({"global": init, "importance": init[self.imp_index].repeat(n, 1), "keep": torch.ones(
-            n, self.channels, dtype=torch.bool), "scored": torch.zeros(n, dtype=torch.bool)})
+            n, self.channels, dtype=torch.bool, device=init.device),
+            "scored": torch.zeros(n, dtype=torch.bool, device=init.device)})
         self.state["keep"] = self.tune()  # by magnitude: no client has scores yet
 
     def group_sum(self, values: torch.Tensor, parts: list[tuple[slice, int, int]]) -> torch.Tensor:
@@ -111,7 +112,7 @@ class TailorFL(Method):
         """Every client's filters (bool ``[N, channels]``) by the magnitude, own-score and similarity rules."""
         mag = self.group_sum(self.state["global"], self.weights)
         scores = self.group_sum(self.state["importance"], self.imps) * self.state["keep"]
-        deep = torch.cat([torch.full((c,), g in self.deep) for g, c in self.size.items()])
+        deep = torch.cat([torch.full((c,), g in self.deep) for g, c in self.size.items()]).to(scores.device)
         unit = F.normalize(scores * deep, dim=1)
         sim = (unit @ unit.T).fill_diagonal_(0).clamp(min=0) * self.state["scored"]
         consensus = sim @ scores
@@ -130,7 +131,7 @@ class TailorFL(Method):
         """Where each entry of client ``cid``'s submodel sits in the global vector (its kept channels)."""
         full, worker = self.fed.worker, self.fed.worker_for(self.widths[cid])
         blocks = dict(getattr(full.module, "flatten_blocks", {}))
-        keep = self.state["keep"][cid]
+        keep = self.state["keep"][cid].cpu()  # the index arithmetic below runs on the CPU
         out = torch.empty(worker.size, dtype=torch.long)
         for e in worker.entries:
             f, index = full.entry(e.name), torch.zeros((), dtype=torch.long)

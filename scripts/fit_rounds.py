@@ -173,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=200)
     parser.add_argument("--slowdown", type=float, default=1.25,
                         help="margin on the probe's seconds per round (more runs at once than in the probe)")
+    parser.add_argument("--rounds", type=int, help="run at this many rounds, no probe (e.g. to finish a table "
+                                                    "that an earlier call fitted)")
+    parser.add_argument("--rows", nargs="+", help="only these rows (and their search's grid points)")
     parser.add_argument("--out-dir", default="runs")
     parser.add_argument("--pack", type=Path, required=True, help="tar file the finished runs' records go to")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (device=cuda)")
@@ -182,9 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides += after
     started = time.time()
     spec = load_spec(args.spec)
-    launcher = load_launcher("local", [f"launcher.max_concurrent={args.workers}"])
     pairs = all_cells(spec, args.scale, args.out_dir, args.overrides)
+    if args.rows:
+        pairs = [(cell, s) for cell, s in pairs if base_row(cell.row) in args.rows]
     cells = compose(pairs, args.scale)
+    if args.rounds:
+        return run_fitted(args, [(cell, s) for cell, s, _ in cells], args.rounds, {}, started)
     first_column = scale_columns(spec, args.scale)[0]["name"]
     chosen: dict[str, tuple[Cell, dict]] = {}
     for cell, cell_spec, _ in cells:  # one run per row: the table's first column, first seed (a search's grid
@@ -206,14 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     left = args.budget_s - (time.time() - started) - 15  # packing and the last record's margin
     rounds = choose_rounds(list(costs.values()), args.workers, left, args.round_multiple, args.max_rounds,
                            args.slowdown)
-    report: dict[str, Any] = {"spec": args.spec, "scale": args.scale, "workers": args.workers, "rounds": rounds,
-                              "probe": timing, "left_s": left, "runs": [], "overrides": args.overrides}
-    report_path = args.pack.with_suffix(".json")
-    report_path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"probe: {json.dumps(timing)}\nchosen rounds={rounds} for {len(kept)} runs in {left:.0f} s", flush=True)
     if not rounds:
         return 1
     kept.sort(key=lambda pair: -costs[(pair[0].row, pair[0].column, pair[0].seed)][0])  # longest first
+    return run_fitted(args, kept, rounds, timing, started, left)
+
+
+def run_fitted(args: argparse.Namespace, kept: Sequence[tuple[Cell, dict]], rounds: int,
+               timing: dict[str, Any], started: float, left: float | None = None) -> int:
+    """Run ``kept`` at ``rounds`` rounds, in that order, packing each finished run; stop at the deadline."""
+    report: dict[str, Any] = {"spec": args.spec, "scale": args.scale, "workers": args.workers, "rounds": rounds,
+                              "probe": timing, "left_s": left, "runs": [], "overrides": args.overrides}
+    report_path = args.pack.with_suffix(".json")
+    report_path.write_text(json.dumps(report, indent=1) + "\n")
+    launcher = load_launcher("local", [f"launcher.max_concurrent={args.workers}"])
     final = compose(kept, args.scale, f"rounds={rounds}")
     configs = [cfg for _, _, cfg in final]
     root = Path(args.out_dir).resolve().parent
