@@ -47,7 +47,7 @@ from bench.experiment.spec import Cell, cell_config, expand, load_spec, scale_co
 from bench.experiment.tuning import row_grids, search_cells  # noqa: E402
 
 #: the files of a run directory that are its records (what the repository commits); checkpoints stay behind
-RECORDS = ("config.yaml", "rounds.jsonl", "summary.json", "partition")
+RECORDS = ("config.yaml", "rounds.jsonl", "summary.json", "timing.json", "partition")
 
 
 def point_specs(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
