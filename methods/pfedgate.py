@@ -17,8 +17,10 @@ s_i = min(r_i, sparsity) (the client's capacity r_i when ``sparsity`` is null):
 
 so about g_min + (s_i - g_min)(1 - 1/blocks_per_tensor) of the parameters are non-zero in a forward pass: s_i
 when s_i >= 1 / blocks_per_tensor, and one chunk per tensor (above s_i) when the budget is smaller. Local training
-updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, gradient norm clipped at ``gate_clip``)
-on the same loss in each step (official ``bi_level_opt 0``). The global model (and its BN statistics) is averaged
+updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, ``gate_momentum``, ``gate_weight_decay``,
+gradient norm clipped at ``gate_clip``) on the same loss in each step (official ``bi_level_opt 0``); with
+``train.keep_optimizer_state`` both optimizers keep each client's momentum across rounds, as the official code's
+optimizers, built once per client, do. The global model (and its BN statistics) is averaged
 with weights n_k; the gate, its input norm and its BN statistics stay on the client.
 """
 
@@ -45,6 +47,8 @@ class PFedGateHyper:
     gate_clip: float  # max gradient norm of the gating layer (official: 10)
     gate_pool: int  # the gate reads the batch average-pooled to gate_pool x gate_pool
     gate_bias: float  # initial shift of the gate's output norm: scores start near sigmoid(gate_bias); official 0
+    gate_momentum: float  # the gate's SGD momentum (official 0.9, kept per client across rounds)
+    gate_weight_decay: float  # the gate's SGD weight decay (official 5e-4)
 
 
 class GatedModel(nn.Module):
@@ -137,9 +141,11 @@ class PFedGate(PartialPersonalization):
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         self.serve(task.cid, model)
         gate = list(model.module.gate.parameters())
-        self._gate_opt = make_optimizer(gate, {"optimizer": "sgd"}, self.hp.gate_lr)
+        self._gate_opt = make_optimizer(gate, {"optimizer": "sgd", "momentum": self.hp.gate_momentum,
+                                               "weight_decay": self.hp.gate_weight_decay}, self.hp.gate_lr)
         try:
-            return self.local_sgd(task, model)
+            with self.kept_optimizer("gate", task.cid, self._gate_opt, model, gate):
+                return self.local_sgd(task, model)
         finally:
             self._gate_opt = None
 
