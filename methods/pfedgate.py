@@ -21,7 +21,9 @@ updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, ``gate
 gradient norm clipped at ``gate_clip``) on the same loss in each step (official ``bi_level_opt 0``); with
 ``train.keep_optimizer_state`` both optimizers keep each client's momentum across rounds, as the official code's
 optimizers, built once per client, do. The global model (and its BN statistics) is averaged
-with weights n_k; the gate, its input norm and its BN statistics stay on the client.
+with weights n_k; the gate, its input norm and its BN statistics stay on the client. ``relu_logits`` applies ReLU to
+the output layer too, as the official forward with the gated weights does (``models/adapted_op.py`` l. 56-57; off
+by default: the zoo's model has a plain output layer).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class PFedGateHyper:
     gate_bias: float  # initial shift of the gate's output norm: scores start near sigmoid(gate_bias); official 0
     gate_momentum: float  # the gate's SGD momentum (official 0.9, kept per client across rounds)
     gate_weight_decay: float  # the gate's SGD weight decay (official 5e-4)
+    relu_logits: bool  # ReLU on the gated model's output layer too (official adapted_forward), so no negative logit
 
 
 class GatedModel(nn.Module):
@@ -74,6 +77,7 @@ class GatedModel(nn.Module):
                                   nn.Linear(in_channels * hp.gate_pool ** 2, blocks), nn.BatchNorm1d(blocks))
         nn.init.constant_(self.gate[-1].bias, hp.gate_bias)
         self.blocks_per_tensor = hp.blocks_per_tensor
+        self.relu_logits = hp.relu_logits
         self.sparsity = 1.0  # s_i of the client being served (set by the method before each use)
 
     @property
@@ -109,7 +113,8 @@ class GatedModel(nn.Module):
         for name, p in zip(self.names, self.net.parameters(), strict=True):
             masked[name] = p * per_entry[offset: offset + p.numel()].view_as(p)
             offset += p.numel()
-        return functional_call(self.net, masked, (x,))
+        logits = functional_call(self.net, masked, (x,))
+        return torch.relu(logits) if self.relu_logits else logits
 
 
 @METHODS.register("pfedgate")
