@@ -91,6 +91,20 @@ def check_batched_config(cfg: Mapping[str, Any], method_cls: type[Method]) -> No
         raise ValueError("train.batched_clients=true cannot be combined with compile=true; choose one")
 
 
+def check_kept_optimizer_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse ``train.keep_optimizer_state=true`` where it cannot keep what it says: it keeps SGD's momentum
+    buffers of clients trained one by one (``Method.kept_optimizer``)."""
+    if not cfg["train"].get("keep_optimizer_state", False):
+        return
+    if cfg["train"]["optimizer"] != "sgd":
+        raise ValueError(f"train.keep_optimizer_state=true keeps SGD's momentum only, not the state of "
+                         f"train.optimizer={cfg['train']['optimizer']!r}; use train.optimizer=sgd or "
+                         "train.keep_optimizer_state=false")
+    if cfg["train"].get("batched_clients", False):
+        raise ValueError("train.keep_optimizer_state=true cannot be combined with train.batched_clients=true (the "
+                         "batched path starts every client's momentum from zero); choose one")
+
+
 def import_plugins(cfg: Mapping[str, Any]) -> None:
     """Import the config's ``imports`` (modules that register your own methods, models or data sources)."""
     import importlib
@@ -180,6 +194,7 @@ def build_experiment(cfg: Mapping[str, Any], device: torch.device | str = "cpu",
     import_plugins(cfg)
     cls, hp = method_class(cfg)
     check_batched_config(cfg, cls)
+    check_kept_optimizer_config(cfg)
     capacities = client_capacities(cfg.get("capacity"), int(cfg["num_clients"]), int(cfg["data_seed"]))
     shared = shared_width_rule(cfg.get("capacity"))
     cfg = model_scaled(cfg, base_width(cls, capacities, shared))

@@ -140,5 +140,5 @@ def finetune(method: Method, cid: int, model: FlatModel, start: torch.Tensor, ro
             raise ValueError("evaluation-time fine-tuning needs the federation's data (Federation.data)")
         batches = generator(method.fed.seed, tag, "finetune", round_, cid)
         task = ClientRound(cid, round_, method.fed.data.client(cid), batches, start, lr)
-        method.local_sgd(task, model, epochs=epochs, params=params)
+        method.local_sgd(task, model, epochs=epochs, params=params, kept_as=None)  # no state across evaluations
     return model.vector

@@ -41,7 +41,7 @@ class Ditto(FedAvg):
         model.load(self.state["personal"][task.cid])
         self._anchor = task.start
         try:
-            self.local_sgd(task, model, epochs=self.hp.personal_epochs)
+            self.local_sgd(task, model, epochs=self.hp.personal_epochs, kept_as="personal")
         finally:
             self._anchor = None
         self.state["personal"][task.cid] = model.vector

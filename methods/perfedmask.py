@@ -154,7 +154,7 @@ class PerFedMask(Method):
                                self.state["global"], lr)
             self.local_sgd(task, model, epochs=self.hp.finetune_epochs,
                            optim={"optimizer": "sgd", "momentum": self.hp.finetune_momentum,
-                                  "weight_decay": self.hp.finetune_weight_decay})
+                                  "weight_decay": self.hp.finetune_weight_decay}, kept_as=None)
         return model.vector
 
     def metrics(self, round_: int) -> dict[str, float]:

@@ -17,9 +17,13 @@ s_i = min(r_i, sparsity) (the client's capacity r_i when ``sparsity`` is null):
 
 so about g_min + (s_i - g_min)(1 - 1/blocks_per_tensor) of the parameters are non-zero in a forward pass: s_i
 when s_i >= 1 / blocks_per_tensor, and one chunk per tensor (above s_i) when the budget is smaller. Local training
-updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, gradient norm clipped at ``gate_clip``)
-on the same loss in each step (official ``bi_level_opt 0``). The global model (and its BN statistics) is averaged
-with weights n_k; the gate, its input norm and its BN statistics stay on the client.
+updates the model (train.* optimizer, lr) and the gate (SGD, ``gate_lr``, ``gate_momentum``, ``gate_weight_decay``,
+gradient norm clipped at ``gate_clip``) on the same loss in each step (official ``bi_level_opt 0``); with
+``train.keep_optimizer_state`` both optimizers keep each client's momentum across rounds, as the official code's
+optimizers, built once per client, do. The global model (and its BN statistics) is averaged
+with weights n_k; the gate, its input norm and its BN statistics stay on the client. ``relu_logits`` applies ReLU to
+the output layer too, as the official forward with the gated weights does (``models/adapted_op.py`` l. 56-57; off
+by default: the zoo's model has a plain output layer).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class PFedGateHyper:
     gate_clip: float  # max gradient norm of the gating layer (official: 10)
     gate_pool: int  # the gate reads the batch average-pooled to gate_pool x gate_pool
     gate_bias: float  # initial shift of the gate's output norm: scores start near sigmoid(gate_bias); official 0
+    gate_momentum: float  # the gate's SGD momentum (official 0.9, kept per client across rounds)
+    gate_weight_decay: float  # the gate's SGD weight decay (official 5e-4)
+    relu_logits: bool  # ReLU on the gated model's output layer too (official adapted_forward), so no negative logit
 
 
 class GatedModel(nn.Module):
@@ -70,6 +77,7 @@ class GatedModel(nn.Module):
                                   nn.Linear(in_channels * hp.gate_pool ** 2, blocks), nn.BatchNorm1d(blocks))
         nn.init.constant_(self.gate[-1].bias, hp.gate_bias)
         self.blocks_per_tensor = hp.blocks_per_tensor
+        self.relu_logits = hp.relu_logits
         self.sparsity = 1.0  # s_i of the client being served (set by the method before each use)
 
     @property
@@ -105,7 +113,8 @@ class GatedModel(nn.Module):
         for name, p in zip(self.names, self.net.parameters(), strict=True):
             masked[name] = p * per_entry[offset: offset + p.numel()].view_as(p)
             offset += p.numel()
-        return functional_call(self.net, masked, (x,))
+        logits = functional_call(self.net, masked, (x,))
+        return torch.relu(logits) if self.relu_logits else logits
 
 
 @METHODS.register("pfedgate")
@@ -137,9 +146,11 @@ class PFedGate(PartialPersonalization):
     def train_client(self, task: ClientRound, model: FlatModel) -> float:
         self.serve(task.cid, model)
         gate = list(model.module.gate.parameters())
-        self._gate_opt = make_optimizer(gate, {"optimizer": "sgd"}, self.hp.gate_lr)
+        self._gate_opt = make_optimizer(gate, {"optimizer": "sgd", "momentum": self.hp.gate_momentum,
+                                               "weight_decay": self.hp.gate_weight_decay}, self.hp.gate_lr)
         try:
-            return self.local_sgd(task, model)
+            with self.kept_optimizer("gate", task.cid, self._gate_opt, model, gate):
+                return self.local_sgd(task, model)
         finally:
             self._gate_opt = None
 

@@ -449,10 +449,12 @@ def run_fjord(spec: Mapping[str, Any], method: str, partition: str, checkout: Pa
     return curves, extra, shown, time.time() - start
 
 
-#: what the official pFedGate code hard-codes, which our side must set to be its algorithm: its SGD (utils/optim.py
-#: get_optimizer: momentum 0.9, weight decay 5e-4), the model's and the gate's gradient-norm clip (gated_learner.py
-#: fit_batch: max_norm=10), the gate's initial output shift (BatchNorm1d's: 0) and its input (the whole image)
+#: what the official pFedGate code hard-codes, which our side must set to be its algorithm: its SGD for model and gate
+#: (utils/optim.py get_optimizer: momentum 0.9, weight decay 5e-4), built once per client (run_experiment.py:58: the
+#: momentum carries over between rounds), the model's and the gate's gradient-norm clip (gated_learner.py fit_batch:
+#: max_norm=10), the gate's initial output shift (BatchNorm1d's: 0) and its input (the whole image)
 PFEDGATE_NEEDS = {"train.optimizer": "sgd", "train.momentum": 0.9, "train.weight_decay": 0.0005,
+                  "method.gate_momentum": 0.9, "method.gate_weight_decay": 0.0005, "train.keep_optimizer_state": True,
                   "train.grad_clip": 10.0, "method.gate_clip": 10.0, "method.gate_bias": 0.0,
                   "capacity.setting": "ideal", "participation": 1.0}
 

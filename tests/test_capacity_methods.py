@@ -231,6 +231,14 @@ def test_pfedgate_forward_uses_the_masked_parameters(tmp_path):
     net = build_model("small_cnn", num_classes=4, in_channels=1, image_size=8)
     net.load_state_dict(masked)
     torch.testing.assert_close(gated(x), net.eval()(x))
+    gated.relu_logits = True  # method.relu_logits: the official forward's ReLU on the output layer
+    torch.testing.assert_close(gated(x), torch.relu(net.eval()(x)))
+    assert bool((net(x) < 0).any())  # so the option changes something here
+
+
+def test_pfedgate_relu_logits_is_off_by_default_and_set_by_the_config(tmp_path):
+    assert experiment(tmp_path / "a", "pfedgate").fed.worker.module.relu_logits is False
+    assert experiment(tmp_path / "b", "pfedgate", "method.relu_logits=true").fed.worker.module.relu_logits is True
 
 
 # --------------------------------------------------------------------------------------------- TailorFL

@@ -101,7 +101,9 @@ def test_pfedgate_command_takes_settings_from_our_config_and_refuses_another_alg
     for bad_override, match in (("train.momentum=0.0", "train.momentum"), ("method.gate_bias=4.0", "gate_bias"),
                                 ("method.sparsity=null", "sparsity"), ("method.gate_pool=32", "gate_pool"),
                                 ("capacity.setting=hetero", "capacity.setting"), ("model.options.norm=bn", "norm"),
-                                ("participation=0.5", "participation")):
+                                ("participation=0.5", "participation"),
+                                ("train.keep_optimizer_state=false", "train.keep_optimizer_state"),
+                                ("method.gate_momentum=0.0", "gate_momentum")):
         bad = {**spec, "methods": {**spec["methods"], "pfedgate": {**block, "ours": [*block["ours"], bad_override]}}}
         with pytest.raises(SystemExit, match=match):
             ext.pfedgate_command(bad, "pfedgate", "pat", "py", split, 0, Path("/o.json"))

@@ -27,13 +27,16 @@ hook               called
 
 Workers are stateless: one module (``FlatModel``) per width is reused for every client
 (``Federation.worker_for``); whatever must survive a round lives in ``self.state``, which may nest dicts,
-tensors, server-side ``nn.Module``s and their optimizers: all of it is checkpointed and restored.
+tensors, server-side ``nn.Module``s and their optimizers: all of it is checkpointed and restored. Local
+optimizers are built afresh for every training; with ``train.keep_optimizer_state`` each client's SGD momentum
+is kept in ``self.state`` between its trainings instead (:meth:`Method.kept_optimizer`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +52,8 @@ from bench.core.flat import FlatModel
 from common.registry import Registry
 
 METHODS: Registry[type[Method]] = Registry("method")
+#: the key of ``Method.state`` under which ``train.keep_optimizer_state`` keeps the clients' optimizer states
+KEPT_OPTIMIZERS = "kept_optimizers"
 
 
 @dataclass(frozen=True)
@@ -187,10 +192,14 @@ class Method:
         params: Iterable[nn.Parameter] | None = None,
         lr: float | None = None,
         optim: Mapping[str, Any] | None = None,
+        kept_as: str | None = "model",
     ) -> float:
         """Mini-batch training of ``params`` (default: all) for ``epochs``; returns the mean batch loss.
 
-        ``optim`` overrides entries of the ``train`` config (e.g. momentum) for this call only."""
+        ``optim`` overrides entries of the ``train`` config (e.g. momentum) for this call only. With
+        ``train.keep_optimizer_state`` the optimizer continues from the client's state kept under ``kept_as`` (one
+        per client, name and trained parameters: :meth:`kept_optimizer`); ``kept_as=None`` keeps none
+        (evaluation-time fine-tuning)."""
         cfg = {**self.fed.train, **(optim or {})}
         trainable = list(model.parameters() if params is None else params)
         optimizer = local_optimizer(trainable, cfg, task.lr if lr is None else lr)
@@ -201,23 +210,61 @@ class Method:
         set_train_mode(model.module, cfg.get("norm_mode", "train"), task.round)
         total, batches = torch.zeros((), device=self.fed.device), 0
         try:
-            for _ in range(cfg["epochs"] if epochs is None else epochs):
-                for x, y in task.data.batches(
-                    "train", cfg["batch_size"], task.generator, drop_last=cfg.get("drop_last", False)
-                ):
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = self.loss(task, model, x, y)
-                    loss.backward()
-                    self.before_step(task, model)
-                    if cfg.get("grad_clip"):
-                        nn.utils.clip_grad_norm_(trainable, cfg["grad_clip"])
-                    optimizer.step()
-                    total += loss.detach()
-                    batches += 1
+            with self.kept_optimizer(kept_as, task.cid, optimizer, model, trainable):
+                for _ in range(cfg["epochs"] if epochs is None else epochs):
+                    for x, y in task.data.batches(
+                        "train", cfg["batch_size"], task.generator, drop_last=cfg.get("drop_last", False)
+                    ):
+                        optimizer.zero_grad(set_to_none=True)
+                        loss = self.loss(task, model, x, y)
+                        loss.backward()
+                        self.before_step(task, model)
+                        if cfg.get("grad_clip"):
+                            nn.utils.clip_grad_norm_(trainable, cfg["grad_clip"])
+                        optimizer.step()
+                        total += loss.detach()
+                        batches += 1
         finally:
             for p in frozen:
                 p.requires_grad_(True)
         return float(total) / max(batches, 1)
+
+    @contextlib.contextmanager
+    def kept_optimizer(self, name: str | None, cid: int, optimizer: torch.optim.Optimizer | PlainSGD,
+                       model: FlatModel, params: Sequence[nn.Parameter]) -> Iterator[None]:
+        """With ``train.keep_optimizer_state``: client ``cid``'s momentum buffers of ``params`` (parameters of
+        ``model``) kept under ``name`` are loaded into ``optimizer`` (a torch SGD) before the block and stored back
+        after it, so that the client's optimizer continues from where its previous training left it instead of
+        starting afresh (a parameter that never took a step keeps torch's start: no buffer, then the first
+        gradient). One state per client, ``name`` and parameter set (positions in ``model`` and sizes): a
+        ``Federation.client_table`` of momentum buffers in ``self.state[KEPT_OPTIMIZERS]``, so checkpointed,
+        restored and bounded like every per-client table. A no-op when the option is off, ``name`` is None or the
+        optimizer has no momentum (no state to keep)."""
+        if (name is None or not self.fed.train.get("keep_optimizer_state", False)
+                or not isinstance(optimizer, torch.optim.SGD)
+                or not any(group["momentum"] for group in optimizer.param_groups)):
+            yield
+            return
+        position = {id(p): i for i, p in enumerate(model.parameters())}
+        where = [position[id(p)] for p in params]
+        sizes = [p.numel() for p in params]
+        span = "all" if where == list(range(len(position))) else ",".join(map(str, where))
+        key = f"{name}:{span}/{sum(sizes)}"
+        store = self.state.setdefault(KEPT_OPTIMIZERS, {})
+        if key not in store:
+            store[key] = {"momentum": self.fed.client_table(params[0].new_zeros(sum(sizes))),
+                          "started": torch.zeros(self.fed.num_clients, len(sizes), dtype=torch.bool)}
+        kept = store[key]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for i, (p, start) in enumerate(zip(params, starts, strict=True)):
+            if kept["started"][cid, i]:
+                optimizer.state[p]["momentum_buffer"] = kept["momentum"][cid, start:start + sizes[i]].view_as(p).clone()
+        yield
+        for i, (p, start) in enumerate(zip(params, starts, strict=True)):
+            buffer = optimizer.state[p].get("momentum_buffer") if p in optimizer.state else None
+            if buffer is not None:
+                kept["momentum"][cid, start:start + sizes[i]] = buffer.reshape(-1)
+                kept["started"][cid, i] = True
 
     def stacked_sgd(
         self,

@@ -68,6 +68,7 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "compile": _equals(False),
     "train.norm_mode": _equals("train"),
     "train.batched_clients": _equals(False),
+    "train.keep_optimizer_state": _equals(False),
     "eval.early_stop": lambda value: value is None,
     "eval.stages": lambda value: value is None,
     "method.layer_order": _equals("recover"),
@@ -75,6 +76,9 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "method.label_mask": _equals(False),  # FedRolex's (HeteroFL's default, true, stays in its hash)
     "method.weights": _equals("samples"),  # FedRolex's
     "method.window": _equals("forward"),  # FedRolex's
+    "method.gate_momentum": _equals(0.0),  # pFedGate's
+    "method.gate_weight_decay": _equals(0.0),  # pFedGate's
+    "method.relu_logits": _equals(False),  # pFedGate's
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }

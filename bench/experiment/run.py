@@ -31,6 +31,7 @@ from bench.builder import (
     Experiment,
     build_experiment,
     check_batched_config,
+    check_kept_optimizer_config,
     chosen_stages,
     client_capacity_table,
     engine_config,
@@ -64,6 +65,7 @@ def validate(cfg: Mapping[str, Any], check_device: bool = True) -> None:
     method = {k: v for k, v in cfg["method"].items() if k != "name"}
     check_hyperparameter_types(methods.load(cfg["method"]["name"]).Hyper, method, cfg["method"]["name"])
     check_batched_config(cfg, method_class(cfg)[0])
+    check_kept_optimizer_config(cfg)
     MODELS.get(cfg["model"]["name"])
     for source in cfg["dataset"].get("domains") or [cfg["dataset"]["source"]]:
         SOURCES.get(source)

@@ -85,6 +85,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.grad_clip": _optional(_real(lambda v: v > 0, "a finite number > 0")),
     "train.norm_mode": _one_of(*NORM_MODES),
     "train.batched_clients": _BOOL,
+    "train.keep_optimizer_state": _BOOL,
     "eval.every": _int(1),
     "eval.batch_size": _int(1),
     "eval.chance_z": _optional(_real(lambda v: v >= 0, "a finite number >= 0 (null: no verdict)")),
