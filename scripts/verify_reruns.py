@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -47,10 +48,33 @@ def sample_runs(roots: Sequence[Path], per_method: int, seed: int) -> list[Path]
     return [run for runs in by_method.values() for run in rng.sample(runs, min(per_method, len(runs)))]
 
 
+def with_added_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with the keys added since it was written (``identity.ADDED``) set to today's defaults for its
+    method, each the value at which the key changes nothing (checked): the run the stored config describes."""
+    from bench.experiment.compose import compose_config, to_container
+    from bench.experiment.identity import ADDED
+
+    defaults = to_container(compose_config([f"method={cfg['method']['name']}"]))
+    for key, neutral in ADDED.items():
+        *parents, leaf = key.split(".")
+        have, default = cfg, defaults
+        for part in parents:
+            have, default = have.get(part), (default or {}).get(part)
+            if not isinstance(have, dict) or not isinstance(default, dict):
+                break
+        else:
+            if leaf not in have and leaf in default:
+                if not neutral(default[leaf]):
+                    raise ValueError(f"{key}: today's default {default[leaf]!r} is not its neutral value, so a config "
+                                     "written before the key cannot be rerun with it")
+                have[leaf] = default[leaf]
+    return cfg
+
+
 def verify(run: Path, scratch: Path) -> tuple[bool, str]:
     from bench.experiment.run import execute
 
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = with_added_keys(yaml.safe_load((run / "config.yaml").read_text()))
     cfg.update(run_dir=str(scratch / run.name), quiet=True, threads=json.loads((run / "timing.json").read_text())
                .get("threads", 1) if (run / "timing.json").exists() else 1)
     cfg["logger"]["wandb"]["mode"] = "disabled"

@@ -43,3 +43,21 @@ def test_a_difference_names_the_kernels_when_the_stored_run_used_other_ones(tmp_
     (run / "timing.json").write_text(json.dumps({"wall_seconds": 1.0}))  # a run from before kernels were recorded
     hint = verify_reruns.kernels_hint(run)
     assert "unrecorded" in hint and "ONEDNN_MAX_CPU_ISA=AVX2" in hint
+
+
+def test_a_config_written_before_a_key_was_added_reruns_with_its_neutral_value(tmp_path):
+    """A stored config that lacks keys added since (``identity.ADDED``) gets today's default, the neutral value;
+    the rerun then equals the stored run."""
+    import yaml
+
+    execute(config(tmp_path, "rounds=1", "method=pfedgate", "logger.wandb.mode=disabled"))
+    (run,) = verify_reruns.sample_runs([tmp_path / "runs"], per_method=1, seed=0)
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    for key in ("gate_momentum", "relu_logits"):
+        del stored["method"][key]
+    del stored["train"]["keep_optimizer_state"]
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    filled = verify_reruns.with_added_keys(yaml.safe_load((run / "config.yaml").read_text()))
+    assert filled["method"]["gate_momentum"] == 0.0 and filled["method"]["relu_logits"] is False
+    assert filled["train"]["keep_optimizer_state"] is False
+    assert verify_reruns.main([str(tmp_path / "runs"), "--out", str(tmp_path / "v.md")]) == 0
