@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.core.records import RunDir  # noqa: E402
 from bench.experiment.compose import sharing_compositions  # noqa: E402
 from bench.experiment.identity import run_dir_for  # noqa: E402
 from bench.experiment.launch import Outcome, launch, load_launcher  # noqa: E402
@@ -95,10 +96,9 @@ def base_row(row: str) -> str:
 
 
 def rounds_seen(path: Path) -> set[int]:
-    if not (path / "rounds.jsonl").exists():
-        return set()
-    return {json.loads(line)["round"] for line in (path / "rounds.jsonl").read_text().splitlines()
-            if line.strip() and '"kind": "train"' in line}
+    """The rounds whose training record a run directory holds so far (a torn last line, still being written, is
+    not read: ``RunDir.records``)."""
+    return {r["round"] for r in RunDir(path).records() if r.get("kind") == "train"}
 
 
 def probe(cells: Sequence[tuple[Cell, dict, dict[str, Any]]], launcher: dict[str, Any], rounds: int,
