@@ -60,12 +60,14 @@ def test_every_run_the_table_may_need_once_whichever_point_the_search_picks():
     pairs = fit_rounds.all_cells(spec, "medium", "runs", [])
     composed = fit_rounds.compose(pairs, "medium")
     dirs = {run_dir_for(cfg) for _, _, cfg in composed}
-    assert len(dirs) == len(composed) == 2 + 12 * 3 + 3  # the search's 2, the table's 36, Pa3dFL at the other point
-    for momentum in (0.0, 0.9):  # as tune() returns the spec with its choice for the medium column
-        tuned = load_spec(PA3DFL)
-        row = next(r for r in tuned["rows"] if r["name"] == "Pa3dFL")
-        row["tuned"] = {"FashionMNIST Hetero": [f"method.hn_momentum={momentum}"]}
-        assert {run_dir_for(cell_config(c, tuned, "medium")) for c in expand(tuned, "medium")} <= dirs
+    # the search's 6 points, the table's 36, Pa3dFL at the 5 other points
+    assert len(dirs) == len(composed) == 6 + 12 * 3 + 5 * 3
+    for lr in (0.01, 0.1, 1.0):  # as tune() returns the spec with its choice for the medium column
+        for momentum in (0.0, 0.9):
+            tuned = load_spec(PA3DFL)
+            row = next(r for r in tuned["rows"] if r["name"] == "Pa3dFL")
+            row["tuned"] = {"FashionMNIST Hetero": [f"method.hn_lr={lr}", f"method.hn_momentum={momentum}"]}
+            assert {run_dir_for(cell_config(c, tuned, "medium")) for c in expand(tuned, "medium")} <= dirs
 
 
 def test_the_runs_fit_are_packed_and_the_table_then_reuses_every_one(tmp_path, capsys):
