@@ -1,7 +1,7 @@
 """Seconds per run, ours against PFLlib's own code, on the same split, model, optimiser and machine.
 
     python scripts/bench_pfllib.py /path/to/PFLlib [--methods fedavg fedcac] [--repeats 2]
-                                   [--our-eval-stages default post] [--rounds 10]
+                                   [--our-eval-stages default post workload] [--rounds 10]
                                    [--pfllib-python /tmp/pfllib-venv/bin/python] [--out results/bench/pfllib.md]
     python scripts/bench_pfllib.py --ours-only --our-eval-stages default post --rounds 3 --repeats 2 --out ...
 
@@ -22,8 +22,10 @@ evaluates every client's test data and makes a forward pass over every client's 
 evaluate every client's test data after local training and after aggregation (``pre`` and ``post``). With
 ``--our-eval-stages default post`` our side also runs with ``eval.stages=[post]`` (after aggregation only: one
 evaluation of every client's test data per round, PFLlib's count), each of our modes in turn before PFLlib's run,
-and the report shows every mode against PFLlib. ``--ours-only`` runs only our modes (no PFLlib checkout needed), to
-measure what a mode saves.
+and the report shows every mode against PFLlib. ``workload`` is PFLlib's work and no more: ``eval.stages=[post]``
+and ``logger.wandb.mode=disabled`` (PFLlib writes no W&B run; W&B is not part of a run's identity, so the records
+are those of ``post``). ``--ours-only`` runs only our modes (no PFLlib checkout needed), to measure what a mode
+saves.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ OUR_MODES = {
                 "after aggregation (post), the method's own stages"),
     "post": (["eval.stages=[post]"], "ours_post", "ours, eval.stages=[post]", "1 evaluation per round: every "
              "client's test data after aggregation (post) only"),
+    "workload": (["eval.stages=[post]", "logger.wandb.mode=disabled"], "ours_workload",
+                 "ours, PFLlib's workload (eval.stages=[post], W&B disabled)", "1 evaluation per round: every "
+                 "client's test data after aggregation (post) only, and no W&B run (PFLlib logs to none)"),
 }
 THEIR_EVALUATION = ("1 evaluation per round: every client's test data before the round's training, plus a forward "
                     "pass over every client's training data for its train loss")

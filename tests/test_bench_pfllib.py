@@ -59,6 +59,8 @@ def test_the_post_mode_passes_eval_stages_post_to_our_runs_only():
     post = bench_pfllib.our_command("fedavg", "post", 3, Path("o"), Path("c"))
     assert not any(a.startswith("eval.stages") for a in default) and "rounds=3" in default
     assert [a for a in post if a not in default] == ["eval.stages=[post]"]
+    workload = bench_pfllib.our_command("fedavg", "workload", 3, Path("o"), Path("c"))
+    assert [a for a in workload if a not in default] == ["eval.stages=[post]", "logger.wandb.mode=disabled"]
     theirs = bench_pfllib.with_rounds(bench_pfllib.THEIRS, 3)
     assert theirs[theirs.index("-gr") + 1] == "2" and len(theirs) == len(bench_pfllib.THEIRS)
 
