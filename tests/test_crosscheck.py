@@ -589,3 +589,17 @@ def test_a_tolerance_split_into_best_and_final_explains_only_the_late_rounds() -
     assert verdict(early, theirs, 0.5, tol, "why") == (False, "DIFFERS (beyond 0.5 best, 4.5 final)")
     with pytest.raises(ValueError, match="best: x, final: y"):
         tolerance({"tolerance": 0.5, "methods": {"m": {"tolerance": {"pat": {"best": 1.0}}}}}, "m", "pat")
+
+
+def test_our_runs_evaluate_only_the_compared_stage_for_every_method_of_the_spec() -> None:
+    """Every method's run composes with its compared stage alone evaluated and scored (pre for codes that evaluate
+    before their server step), and the method evaluates that stage."""
+    from bench.builder import method_class
+    from bench.experiment.crosscheck import our_overrides, stage
+
+    spec = load_spec()
+    for method in spec["methods"]:
+        conf = to_container(compose_config(our_overrides(spec, method, "pat", 0)))
+        compared = stage(spec, method)
+        assert conf["eval"]["stages"] == [compared] and conf["eval"]["primary"]["stage"] == compared, method
+        assert compared in method_class(conf)[0].eval_stages, method

@@ -118,8 +118,17 @@ def stage(spec: Mapping[str, Any], method: str) -> str:
     return value
 
 
+def compared_stage_overrides(spec: Mapping[str, Any], method: str) -> list[str]:
+    """Evaluate only the stage compared (scored there too): the other stage's evaluation would change no curve, as
+    evaluating draws no random numbers training uses and changes no state (the same curves and training records
+    for every method of the spec, checked), and it costs about an eighth of a run's time."""
+    compared = stage(spec, method)
+    return [f"eval.stages=[{compared}]", f"eval.primary.stage={compared}"]
+
+
 def our_overrides(spec: Mapping[str, Any], method: str, partition: str, seed: int) -> list[str]:
-    return [*setting_overrides(spec, partition, method), *spec["methods"][method]["ours"], f"seed={seed}"]
+    return [*setting_overrides(spec, partition, method), *compared_stage_overrides(spec, method),
+            *spec["methods"][method]["ours"], f"seed={seed}"]
 
 
 def curve_from_records(rounds_jsonl: str | Path, stage: str = "post") -> list[float]:
