@@ -192,11 +192,12 @@ def run_pfllib(spec: Mapping[str, Any], method: str, partition: str, checkout: P
     return curves, extra, shown, time.time() - start
 
 
-def with_seeds(spec: dict[str, Any], seeds: Sequence[int] | None) -> dict[str, Any]:
-    """``spec`` with its seeds replaced by ``seeds`` (PFLlib's repetitions, so 0..n-1 only)."""
+def with_seeds(spec: dict[str, Any], seeds: Sequence[int] | None, code: str = "pfllib") -> dict[str, Any]:
+    """``spec`` with its seeds replaced by ``seeds``: for PFLlib its repetitions, so 0..n-1 only; the other codes
+    take any seeds (each run gets its own ``--seed``)."""
     if not seeds:
         return spec
-    if list(seeds) != list(range(len(seeds))):
+    if code == "pfllib" and list(seeds) != list(range(len(seeds))):
         raise SystemExit(f"error: --seeds {' '.join(map(str, seeds))} is invalid: PFLlib's repetitions are "
                          f"0..n-1 in order (e.g. --seeds {' '.join(map(str, range(len(seeds))))})")
     return {**spec, "setting": {**spec["setting"], "seeds": list(seeds)}}
@@ -567,9 +568,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--seeds", nargs="+", type=int,
                         help="repetitions instead of the spec's seeds: PFLlib's are 0..n-1 (its -t n, one after the "
-                             "other from torch.manual_seed(0)); write them to another --results folder")
+                             "other from torch.manual_seed(0)), the other codes' any seeds; write them to another "
+                             "--results folder")
     args = parser.parse_args(argv)
-    spec = with_seeds(load_spec(args.spec), args.seeds)
+    spec = with_seeds(load_spec(args.spec), args.seeds, args.code)
     checkout = Path(args.checkout).resolve()
     commit = git_commit(checkout, CODE_DIR[args.code])
     runner = RUNNERS[args.code]

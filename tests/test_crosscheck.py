@@ -245,7 +245,7 @@ def test_a_comparison_needs_as_many_seeds_on_both_sides(tmp_path: Path) -> None:
         main(["--spec", str(_tiny_spec(tmp_path)), "--seeds", "1", "1", "--table-only"])
 
 
-def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
+def test_external_seeds_must_be_pfllibs_repetitions_in_order_other_codes_take_any() -> None:
     ext = script("crosscheck_external")
     spec = load_spec()
     assert ext.with_seeds(spec, None) is spec
@@ -255,6 +255,8 @@ def test_external_seeds_must_be_pfllibs_repetitions_in_order() -> None:
     assert cmd[cmd.index("-t") + 1] == "5"
     with pytest.raises(SystemExit, match="0..n-1"):
         ext.with_seeds(spec, [2, 3])
+    # the other codes take a --seed per run, so any seeds (more repetitions beside the committed ones)
+    assert ext.with_seeds(spec, [2, 3], "pfedhn")["setting"]["seeds"] == [2, 3]
 
 
 def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_difference() -> None:
