@@ -605,3 +605,27 @@ def test_our_runs_evaluate_only_the_compared_stage_for_every_method_of_the_spec(
         compared = stage(spec, method)
         assert conf["eval"]["stages"] == [compared] and conf["eval"]["primary"]["stage"] == compared, method
         assert compared in method_class(conf)[0].eval_stages, method
+
+
+def test_an_open_difference_passes_while_ours_keeps_its_committed_curves_and_fails_when_ours_moves(
+        tmp_path: Path) -> None:
+    spec_path = _tiny_spec(tmp_path)
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["methods"]["fedavg"]["open"] = "theirs is 10 points higher; under investigation"
+    spec_path.write_text(yaml.safe_dump(raw))
+    spec = load_spec(spec_path)
+    runs = tmp_path / "runs"
+    curve = run_ours(spec, [("fedavg", "pat", 0)], runs, 1)[("fedavg", "pat", 0)]
+    results = tmp_path / "results"
+    ref = reference_path(results, "fedavg", "pat")
+    ref.parent.mkdir(parents=True)
+    ref.write_text(json.dumps({"external": {"repo": "standin", "commit": "0" * 40, "algo": "FedAvg"},
+                               "setting": spec["setting"], "curves": {"0": [c + 10.0 for c in curve]}}))
+    common = ["--spec", str(spec_path), "--results", str(results), "--workers", "1", "--out-dir", str(runs)]
+    # no committed curves of ours yet: the difference fails (and --write commits ours)
+    assert main([*common, "--write"]) == 1
+    row = json.loads((results / "table.json").read_text())[0]
+    assert not row["ok"] and row["verdict"].startswith("DIFFERS") and "under investigation" in row["verdict"]
+    assert main(common) == 0  # ours unchanged (the same run): the known difference holds
+    fresh = ["--spec", str(spec_path), "--results", str(results), "--workers", "1"]
+    assert main([*fresh, "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1  # ours moved: fails

@@ -16,7 +16,9 @@ reference:
     python -m bench.experiment.crosscheck --methods fedcac --seeds 0 1 2 3 4 --results <5-repetition folder> --write
                                                      # more seeds, in a folder of their own (the spread across seeds)
 
-A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy.
+A cell agrees when |ours - theirs| <= the method's tolerance for both best and final accuracy. A cell beyond it
+fails the check, unless its difference is a known one still under investigation (the method's ``open:`` entry) and
+ours has not moved: best and final within the common tolerance of our committed curves (``ours_<partition>.json``).
 """
 
 from __future__ import annotations
@@ -218,6 +220,27 @@ def run_ours(spec: Mapping[str, Any], jobs: Sequence[tuple[str, str, int]], out_
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return dict(zip(jobs, pool.map(one, jobs), strict=True))
+
+
+def open_difference_held(spec: Mapping[str, Any], results: Path, row: Mapping[str, Any],
+                         ours: Mapping[str, Sequence[float]]) -> str | None:
+    """For a difference still under investigation (the method's ``open`` on the row's partition), the guard holds
+    on our side: our best and final accuracy are within the common tolerance of our committed curves
+    (``<method>/ours_<partition>.json``), so the difference from the reference is the known one, not a drift. Its
+    words, or None (no ``open`` entry, no committed curves of ours, or ours moved)."""
+    method, partition = row["method"], row["partition"]
+    path = results / method / f"ours_{partition}.json"
+    if not for_partition(spec, method, "open", partition) or not path.is_file():
+        return None
+    committed = {str(k): v for k, v in json.loads(path.read_text())["curves"].items()}
+    if set(committed) != set(ours):
+        return None
+    now, before = stats(ours), stats(committed)
+    d_best, d_final = now.best - before.best, now.final - before.final
+    if max(abs(d_best), abs(d_final)) > float(spec["tolerance"]):
+        return None
+    return (f"a known difference, still open; ours unchanged from its committed curves (best {d_best:+.2f}, final "
+            f"{d_final:+.2f})")
 
 
 def figure(path: Path, method: str, partition: str, ours: Mapping[str, Sequence[float]],
@@ -440,9 +463,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{m:10s} {p:6s} ours {row['ours_best']:6.2f}/{row['ours_final']:6.2f}  theirs "
               f"{row['theirs_best']:6.2f}/{row['theirs_final']:6.2f}  Δ {row['d_best']:+.2f}/{row['d_final']:+.2f}  "
               f"{row['verdict']}")
+    held = {(r["method"], r["partition"]): open_difference_held(spec, results, r, ours_curves[(r["method"],
+                                                                                              r["partition"])])
+            for r in rows if not r["ok"]}
+    for (m, p), words in held.items():
+        if words:
+            print(f"{m}/{p}: {words}")
     if args.write:
         write_outputs(spec, results, rows, ours_curves)
-    drifted = [r for r in rows if not r["ok"]]
+    drifted = [r for r in rows if not r["ok"] and not held[(r["method"], r["partition"])]]
     if drifted:
         print("crosscheck FAILED: " + ", ".join(f"{r['method']}/{r['partition']}" for r in drifted)
               + " beyond tolerance", file=sys.stderr)
