@@ -1,18 +1,30 @@
 """scripts/pfllib_initial_model.py: PFLlib's initial models replayed with torch alone, for our runs to start from."""
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
-from bench.core.models import build_model
+from bench.core.models import MODELS, build_model
 from tests.helpers import script
 
 ROOT = Path(__file__).resolve().parent.parent
 SAVED = ROOT / "results" / "crosscheck" / "fedcac" / "initial_models_dir01.json"
 
-pim = script("pfllib_initial_model")
+pim: ModuleType  # the script, loaded by the fixture below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _script_loaded_for_this_module_only() -> Iterator[None]:
+    """Loading the script registers its model (a plugin's import does); it leaves the zoo after these tests, so the
+    zoo's own tests (every registered model covered, every norm-free model at every width) see the zoo alone."""
+    global pim
+    pim = script("pfllib_initial_model")
+    yield
+    MODELS.unregister(pim.MODEL)
 
 
 def weights(repetition: int, passes: int) -> str:
