@@ -28,11 +28,6 @@ class Registry(Generic[T]):
 
         return decorate
 
-    def unregister(self, name: str) -> None:
-        """Remove ``name`` (a plugin's entry, e.g. after the tests that loaded it); unknown names raise ``KeyError``."""
-        self.get(name)
-        del self._entries[name]
-
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

@@ -22,9 +22,10 @@ def _script_loaded_for_this_module_only() -> Iterator[None]:
     """Loading the script registers its model (a plugin's import does); it leaves the zoo after these tests, so the
     zoo's own tests (every registered model covered, every norm-free model at every width) see the zoo alone."""
     global pim
-    pim = script("pfllib_initial_model")
-    yield
-    MODELS.unregister(pim.MODEL)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MODELS, "_entries", dict(MODELS._entries))  # the zoo's registry as it was comes back after
+        pim = script("pfllib_initial_model")
+        yield
 
 
 def weights(repetition: int, passes: int) -> str:
