@@ -7,19 +7,22 @@ import hashlib
 import io
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+from common.verified_io import atomic_write_bytes, load_verified, save_verified
+from datasets.partition import Partition
 
-from common.verified_io import atomic_write_bytes  # noqa: E402
-from datasets.partition import Partition  # noqa: E402
+if TYPE_CHECKING:  # pandas and matplotlib are imported where a report is drawn (a cached report needs neither)
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 PARTS = ("train", "val", "test")
 
@@ -27,6 +30,8 @@ PARTS = ("train", "val", "test")
 def class_counts(partition: Partition, pool_labels: torch.Tensor, num_classes: int) -> pd.DataFrame:
     """Rows (client, part) with part in train/val/test; columns class_0.. and total (one bincount per part, so
     it stays fast for any number of clients)."""
+    import pandas as pd
+
     n = len(partition.clients)
     labels = pool_labels.cpu()
     counts = np.zeros((n, len(PARTS), num_classes + 1), dtype=np.int64)
@@ -54,6 +59,7 @@ def render_partition_report(partition: Partition, pool_labels: torch.Tensor, num
                             class_names: Sequence[str] | None = None, title: str | None = None) -> dict[str, bytes]:
     """The report's files as bytes: ``class_counts.csv`` and ``partition.png``/``.pdf`` (dot area ~ train
     samples; above :data:`MAX_DRAWN_CLIENTS` clients, a summary figure)."""
+    plt = _pyplot()
     table = class_counts(partition, pool_labels, num_classes)
     train = table.xs("train", level="part")[[f"class_{c}" for c in range(num_classes)]].to_numpy()
     if len(partition.clients) <= MAX_DRAWN_CLIENTS:
@@ -70,8 +76,19 @@ def render_partition_report(partition: Partition, pool_labels: torch.Tensor, num
     return files
 
 
-def _dot_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> plt.Figure:
+def _pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (imported on first use: ~0.5 CPU s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _dot_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> Figure:
     """A dot per client and class it holds, its area ~ the client's training samples of the class."""
+    plt = _pyplot()
     clients, classes = train.nonzero()
     sizes = train[clients, classes]
     fig, ax = plt.subplots(figsize=(max(4.0, 0.18 * len(train)), max(3.0, 0.25 * num_classes)))
@@ -85,9 +102,10 @@ def _dot_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | 
     return fig
 
 
-def _summary_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> plt.Figure:
+def _summary_plot(train: np.ndarray, num_classes: int, class_names: Sequence[str] | None) -> Figure:
     """Too many clients to draw one by one: a histogram of the clients' training samples and, per class, how many
     clients hold it."""
+    plt = _pyplot()
     fig, (sizes, holders) = plt.subplots(1, 2, figsize=(10.0, max(3.0, 0.25 * num_classes)))
     sizes.hist(train.sum(axis=1), bins=50, color="tab:red", alpha=0.7)
     sizes.set_xlabel("training samples per client")
@@ -112,6 +130,38 @@ def report_key(partition: Partition, pool_labels: torch.Tensor, num_classes: int
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().to(torch.int64).contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def renderer_key() -> str:
+    """What else decides a report's bytes: this module's code and the versions of the libraries that draw it."""
+    versions = [metadata.version(name) for name in ("matplotlib", "pandas", "numpy")]
+    return hashlib.sha256(Path(__file__).read_bytes() + json.dumps(versions).encode()).hexdigest()
+
+
+def cached_partition_report(cache_dir: str | os.PathLike | None, partition: Partition, pool_labels: torch.Tensor,
+                            num_classes: int, *, class_names: Sequence[str] | None = None,
+                            title: str | None = None) -> dict[str, bytes]:
+    """:func:`render_partition_report` through the content-addressed cache ``<cache_dir>/partition_reports/``
+    (``cache_dir=None``: drawn every time). The key covers everything the report draws (:func:`report_key`) and
+    what draws it (:func:`renderer_key`), so a cached report has the bytes a fresh one would have, except the PDF's
+    creation date. A damaged cache file is redrawn and rewritten, with a warning naming it."""
+    args, options = (partition, pool_labels, num_classes), {"class_names": class_names, "title": title}
+    if cache_dir is None:
+        return render_partition_report(*args, **options)
+    key = hashlib.sha256(f"{report_key(*args, **options)} {renderer_key()}".encode()).hexdigest()
+    path = Path(cache_dir) / "partition_reports" / key[:2] / f"{key}.pt"
+    if path.exists():
+        try:
+            files = load_verified(path)
+            if not (isinstance(files, dict) and all(isinstance(files.get(n), bytes) for n in REPORT_FILES)):
+                raise ValueError("it does not hold the report's files")
+            return {name: files[name] for name in REPORT_FILES}
+        except Exception as err:  # noqa: BLE001 - a torn, altered or foreign file is redrawn below
+            warnings.warn(f"partition report cache file {path} is unusable ({err}); redrawing it", RuntimeWarning,
+                          stacklevel=2)
+    files = render_partition_report(*args, **options)
+    save_verified(path, files)
+    return files
 
 
 def write_report_files(files: Mapping[str, bytes], out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -61,6 +61,24 @@ class FedCACHyper:
             raise ValueError(f"method.beta={self.beta} is invalid: it must be > 0")
 
 
+def kth_smallest(values: torch.Tensor, r: int) -> torch.Tensor:
+    """``torch.kthvalue(values, r).values`` for a 1-D float32 tensor, the same value, ~5x faster on a dense layer's
+    scores: non-negative floats (NaN aside) order as the integers of their bits, so one count of the top 16 bits
+    (sign, exponent, 7 mantissa bits) finds the bin holding the r-th smallest and its rank there, and selection
+    runs on that bin alone. Any other input (a negative number, -0.0 or NaN; another dtype) goes to kthvalue."""
+    if values.dtype != torch.float32 or values.device.type != "cpu" or values.numel() < 1 << 12:
+        return torch.kthvalue(values, r).values
+    bits = values.view(torch.int32)
+    low, high = torch.aminmax(bits)
+    if int(low) < 0 or int(high) > 0x7F800000:  # a sign bit set, or a NaN: kthvalue's order
+        return torch.kthvalue(values, r).values
+    top = bits >> 16
+    below = torch.bincount(top, minlength=(0x7F800000 >> 16) + 1).cumsum(0)  # entries in this bin or lower ones
+    bin_ = int(torch.searchsorted(below, r))  # the first bin whose cumulative count reaches r
+    rank = r - (int(below[bin_ - 1]) if bin_ else 0)
+    return torch.kthvalue(values[top == bin_], rank).values
+
+
 def critical_mask(score: torch.Tensor, tau: float, reverse: bool = False) -> torch.Tensor:
     """Eq. 6 on one tensor's scores: entries at or above the k-th largest (k = floor(tau n)).
 
@@ -71,11 +89,11 @@ def critical_mask(score: torch.Tensor, tau: float, reverse: bool = False) -> tor
     k = math.floor(tau * n + 1e-9)
     if k == 0:
         return torch.zeros_like(score, dtype=torch.bool)
-    # the k-th smallest / largest entry by selection (kthvalue), not by a partial sort (topk): the same entry,
-    # several times faster for the large k of a dense layer
+    # the k-th smallest / largest entry by selection, not by a partial sort (topk): the same entry, several times
+    # faster for the large k of a dense layer
     if reverse:
-        return score <= torch.kthvalue(score.reshape(-1), k).values
-    threshold = torch.kthvalue(score.reshape(-1), n - k + 1).values
+        return score <= kth_smallest(score.reshape(-1), k)
+    threshold = kth_smallest(score.reshape(-1), n - k + 1)
     if threshold <= 1e-10:
         positive = score[score > 1e-20]
         threshold = positive.min() if positive.numel() else threshold.new_zeros(())
@@ -83,17 +101,27 @@ def critical_mask(score: torch.Tensor, tau: float, reverse: bool = False) -> tor
 
 
 def overlaps(masks: torch.Tensor, definition: str = "code", chunk: int = 1 << 20) -> torch.Tensor:
-    """O_ij for boolean masks [N, P]; exact counts, computed in column chunks to bound memory."""
+    """O_ij for boolean masks [N, P]; exact counts, computed in column chunks to bound memory (a chunk's counts,
+    at most ``chunk`` < 2^24, are exact in float32)."""
     n = masks.shape[0]
     both = torch.zeros(n, n, dtype=torch.float64, device=masks.device)
     for start in range(0, masks.shape[1], chunk):
         block = masks[:, start:start + chunk].float()
         both += (block @ block.T).double()
-    size = masks.sum(1).double()
+    size = both.diagonal().clone()  # |c_i| = c_i . c_i, the counts masks.sum(1) gives, without another pass
     distance = size[:, None] + size[None, :] - 2 * both  # ||c_i - c_j||_1
     if definition == "paper":
         return distance / (2 * masks.shape[1])
     return 1 - distance / (2 * size[:, None]).clamp_min(1)
+
+
+def critical_fraction(masks: torch.Tensor) -> float:
+    """The float32 mean of ``masks`` as 0/1 (``masks.float().mean()``, the same bits): its sum is an exact integer
+    below 2^24, so the mean is that count over the size, rounded once to float32, without a float copy."""
+    if masks.numel() >= 1 << 24:  # a count or size not exact in float32: the plain mean
+        return float(masks.float().mean())
+    count = torch.tensor(float(masks.count_nonzero()), dtype=torch.float32)
+    return float(count / masks.numel())
 
 
 def collaborators(overlap: torch.Tensor, round_: int, hp: FedCACHyper) -> tuple[list[list[int]], dict[str, Any]]:
@@ -179,7 +207,7 @@ class FedCAC(Method):
             models.copy_(mixed)
         else:
             models[participants] = mixed
-        stats["critical_fraction"] = float(critical.float().mean())
+        stats["critical_fraction"] = critical_fraction(critical)
         every = self.hp.overlap_matrix_every
         if every and round_ % every == 0:
             stats["overlap_matrix"] = [[round(float(v), 6) for v in row] for row in overlap]

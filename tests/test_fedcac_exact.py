@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from methods.fedcac import critical_mask, overlaps
+from methods.fedcac import critical_fraction, critical_mask, kth_smallest, overlaps
 from tests.helpers import federation, method
 from tests.test_personalized_methods import cac_hp, task
 
@@ -38,6 +38,60 @@ def test_critical_mask_is_the_topk_threshold(tau, reverse):
         tiny = torch.rand(n, generator=g) * 1e-12  # the <= 1e-10 fallback
         for score in (dense, tied, tiny, torch.zeros(n)):
             assert torch.equal(critical_mask(score, tau, reverse), reference_mask(score, tau, reverse))
+
+
+def test_kth_smallest_is_kthvalue_bit_for_bit():
+    """The counted selection against torch.kthvalue on the scores FedCAC sees (products of absolute values) and on
+    what it must hand back to kthvalue: ties, zeros, subnormals, infinities, NaN, negatives, -0.0."""
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    dense = (torch.randn(n, generator=g) * torch.randn(n, generator=g)).abs()
+    cases = {
+        "scores": dense,
+        "ties": torch.randint(0, 5, (n,), generator=g).float() * 0.25,
+        "one value": torch.full((n,), 3.0),
+        "zeros": torch.zeros(n),
+        "subnormal": torch.rand(n, generator=g) * 1e-40,
+        "inf": torch.where(torch.rand(n, generator=g) < 0.3, torch.tensor(float("inf")), dense),
+        "nan": torch.where(torch.rand(n, generator=g) < 0.1, torch.tensor(float("nan")), dense),
+        "negative": torch.randn(n, generator=g),
+        "negative zero": torch.where(dense < 0.5, torch.tensor(-0.0), dense),
+        "small": dense[:100],
+        "float64": dense.double(),
+    }
+    for name, values in cases.items():
+        for r in (1, 2, values.numel() // 3, values.numel() // 2 + 1, values.numel() - 1, values.numel()):
+            got, want = kth_smallest(values, r), torch.kthvalue(values, r).values
+            assert got.dtype == want.dtype and (torch.equal(got, want) or (got.isnan() and want.isnan())), (name, r)
+            assert got.view(-1).view(torch.uint8).tolist() == want.view(-1).view(torch.uint8).tolist(), (name, r)
+
+
+def reference_overlaps(masks: torch.Tensor, definition: str) -> torch.Tensor:
+    """O_ij from the masks' sizes and pairwise intersections, counted directly."""
+    size = masks.sum(1).double()
+    both = (masks[:, None, :] & masks[None, :, :]).sum(2).double()
+    distance = size[:, None] + size[None, :] - 2 * both
+    if definition == "paper":
+        return distance / (2 * masks.shape[1])
+    return 1 - distance / (2 * size[:, None]).clamp_min(1)
+
+
+@pytest.mark.parametrize("definition", ["code", "paper"])
+def test_overlaps_equal_direct_counts_bit_for_bit(definition):
+    g = torch.Generator().manual_seed(0)
+    for n, p, density in ((1, 5, 0.5), (4, 1000, 0.3), (6, 4099, 0.9), (5, 300, 0.0)):
+        masks = torch.rand(n, p, generator=g) < density  # the last: all-empty masks
+        masks[-1] = True  # and a full one
+        for chunk in (7, 1 << 20):
+            assert torch.equal(overlaps(masks, definition, chunk=chunk), reference_overlaps(masks, definition))
+
+
+def test_critical_fraction_is_the_float32_mean_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    for n, p in ((1, 1), (3, 7), (20, 4099), (20, 582_026), (7, 100_003)):
+        for density in (0.0, 0.013, 0.5, 0.77, 1.0):
+            masks = torch.rand(n, p, generator=g) < density
+            assert critical_fraction(masks) == float(masks.float().mean())
 
 
 def reference_aggregate(m, trained: dict[int, torch.Tensor], participants: list[int], round_: int) -> torch.Tensor:

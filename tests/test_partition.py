@@ -267,3 +267,48 @@ def test_cache_key_follows_the_scheme_code(tmp_path, monkeypatch):
     monkeypatch.setitem(partition_module.PARTITIONERS._entries, "dirichlet", dataclasses.replace(original, draw=edited))
     assert scheme_code("dirichlet") != scheme_code("shards")
     assert partition_key("toy", "dirichlet", {"alpha": 0.5}, 10, 0, 0.0, "labels") != key
+
+
+def test_report_cache_serves_the_drawn_bytes_and_redraws_a_damaged_file(tmp_path, monkeypatch):
+    from datasets import partition_report as report
+
+    p = make_partition("pathological", LABELS, 6, 0, n_train=40, n_test=10)
+    drawn = report.cached_partition_report(tmp_path, p, POOL, C, title="toy")
+    fresh = report.render_partition_report(p, POOL, C, title="toy")
+    assert [drawn[n] for n in ("class_counts.csv", "partition.png")] == [fresh[n] for n in ("class_counts.csv",
+                                                                                           "partition.png")]
+    (cached,) = (tmp_path / "partition_reports").rglob("*.pt")
+    calls = []
+    real = report.render_partition_report
+    monkeypatch.setattr(report, "render_partition_report", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert report.cached_partition_report(tmp_path, p, POOL, C, title="toy") == drawn and not calls  # served
+    report.cached_partition_report(tmp_path, p, POOL, C, title="other")  # another title: another report
+    q = make_partition("pathological", LABELS, 6, 1, n_train=40, n_test=10)
+    assert report.cached_partition_report(tmp_path, q, POOL, C, title="toy")["class_counts.csv"] != drawn[
+        "class_counts.csv"] and len(calls) == 2  # another partition: drawn
+    cached.write_bytes(b"torn")
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        assert report.cached_partition_report(tmp_path, p, POOL, C, title="toy")["partition.png"] == drawn[
+            "partition.png"]
+    assert len(calls) == 3
+    report.cached_partition_report(tmp_path, p, POOL, C, title="toy")
+    assert len(calls) == 3  # the redrawn report was written back
+    report.cached_partition_report(None, p, POOL, C, title="toy")  # no cache: drawn each time
+    assert len(calls) == 4
+
+
+def test_a_cached_report_imports_neither_matplotlib_nor_pandas(tmp_path):
+    import subprocess
+    import sys
+
+    code = (f"import sys, torch\nfrom datasets.partition import LabelInfo, make_partition\n"
+            f"from datasets.partition_report import cached_partition_report\n"
+            f"labels = LabelInfo(torch.arange(60) % 3, torch.arange(30) % 3, 3)\n"
+            f"p = make_partition('dirichlet', labels, 4, 0, alpha=0.5)\n"
+            f"files = cached_partition_report({str(tmp_path)!r}, p, torch.cat([labels.train_labels, "
+            f"labels.test_labels]), 3, title='t')\n"
+            f"print(sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))\n")
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert first.stdout.split("\n")[-2] == "['matplotlib', 'pandas']"  # drawn
+    assert second.stdout.split("\n")[-2] == "[]"  # served from the cache

@@ -52,7 +52,7 @@ from bench.experiment.provenance import code_identity, cpu_kernels
 from bench.experiment.validation import check_config, check_hyperparameter_types
 from common.verified_io import atomic_write_json, atomic_write_text, scan_records
 from datasets.partition import PARTITIONERS
-from datasets.partition_report import partition_label, render_partition_report, report_key, write_report_files
+from datasets.partition_report import cached_partition_report, partition_label, report_key, write_report_files
 from datasets.sources import SOURCES
 
 
@@ -167,8 +167,8 @@ def _execute(conf: dict[str, Any], run: RunDir, experiment: Experiment) -> dict[
     started = time.time()
     data = experiment.data
     if not (run.path / "partition" / "class_counts.csv").exists():
-        write_report_files(partition_report(data, f"{conf['dataset']['name']}: {partition_label(conf['partition'])}"),
-                           run.path / "partition")
+        title = f"{conf['dataset']['name']}: {partition_label(conf['partition'])}"
+        write_report_files(partition_report(data, title, conf.get("cache_dir")), run.path / "partition")
     capacities = client_capacity_table(experiment)
     atomic_write_text(run.path / "partition" / "capacities.csv", "client,capacity,width\n" + "".join(
         f"{c},{r},{w}\n" for c, (r, w) in enumerate(zip(capacities["capacity"], capacities["width"], strict=True))))
@@ -252,16 +252,17 @@ def final_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in last.items() if k != "kind" and isinstance(v, int | float | str | bool)}
 
 
-def partition_report(data: FederatedData, title: str) -> dict[str, bytes]:
-    """The files of ``data``'s partition report; drawn once per partition by a process serving many runs (inside
+def partition_report(data: FederatedData, title: str, cache_dir: str | None = None) -> dict[str, bytes]:
+    """The files of ``data``'s partition report; drawn once per partition and kept in ``cache_dir`` (the runs of
+    every seed and method on one partition share it), and held in memory by a process serving many runs (inside
     :func:`sharing_sources`: every method of a table column draws the same report)."""
-    args = (data.partition, data.pool_labels_full, data.num_classes)
+    args = (cache_dir, data.partition, data.pool_labels_full, data.num_classes)
     options = {"class_names": data.classes, "title": title}
     shared = active_sharing()
     if shared is None:
-        return render_partition_report(*args, **options)
-    return shared.keep(f"partition report {report_key(*args, **options)}",
-                       lambda: render_partition_report(*args, **options))
+        return cached_partition_report(*args, **options)
+    return shared.keep(f"partition report {report_key(*args[1:], **options)}",
+                       lambda: cached_partition_report(*args, **options))
 
 
 def make_callbacks(conf: Mapping[str, Any], run: RunDir) -> Sequence[Any]:
