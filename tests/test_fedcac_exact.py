@@ -148,3 +148,21 @@ def test_aggregate_equals_the_equations_bit_for_bit(build, options, participants
         expected = reference_aggregate(m, trained, participants, round_)
         m.aggregate(round_, participants)
         assert torch.equal(m.state["models"], expected)
+
+
+def test_aggregate_with_changing_participants_equals_the_equations():
+    """The server step's buffers, kept from round to round, serve rounds of any number of participants."""
+    fed = federation(plain_model(), 6, sizes=[1.0, 2.0, 3.0, 1.0, 5.0, 2.0])
+    m = method("fedcac", fed, **vars(cac_hp(beta=4)))
+    g = torch.Generator().manual_seed(2)
+    for round_, participants in enumerate(([1, 3, 4], [0, 1, 2, 3, 4, 5], [2, 5], [0, 1, 2, 3, 4, 5]), start=1):
+        m.begin_round(round_, participants)
+        trained = {}
+        for cid in participants:
+            start = m.client_model(cid).clone()
+            trained[cid] = start + 0.1 * torch.randn(start.shape, generator=g)
+            fed.worker.load(trained[cid])
+            m.upload(task(cid, start, round_), fed.worker)
+        expected = reference_aggregate(m, trained, participants, round_)
+        m.aggregate(round_, participants)
+        assert torch.equal(m.state["models"], expected)
