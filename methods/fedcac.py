@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from bench.core.engine import METHODS, ClientRound, Method
+from bench.core.federation import Federation
 from bench.core.flat import FlatModel
 
 CHOICES = {
@@ -155,9 +156,12 @@ class FedCAC(Method):
     Hyper = FedCACHyper
     trains_batched = True
 
+    def __init__(self, fed: Federation, hp: FedCACHyper) -> None:
+        super().__init__(fed, hp)
+        self._buffers: dict[str, torch.Tensor] = {}  # the server step's scratch (_scratch), also after a resume
+
     def setup(self, init: torch.Tensor) -> None:
         self.state["models"] = self.fed.client_table(init)
-        self._buffers: dict[str, torch.Tensor] = {}  # the server step's scratch (_scratch)
         self._initial = init.clone() if self.hp.round1_critical == "initial" else None
 
     def client_model(self, cid: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ in place. The references below are that transcription, one operation per equatio
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -166,3 +167,30 @@ def test_aggregate_with_changing_participants_equals_the_equations():
         expected = reference_aggregate(m, trained, participants, round_)
         m.aggregate(round_, participants)
         assert torch.equal(m.state["models"], expected)
+
+
+def test_a_method_resumed_from_its_checkpoint_aggregates_as_the_one_saved():
+    """Engine.run restores a method with ``load_state_dict`` alone (no ``setup``): its server step must work and
+    give the bits of the method that was saved."""
+    fed = federation(plain_model(), 4, sizes=[1.0, 2.0, 3.0, 1.0])
+    saved = method("fedcac", fed, **vars(cac_hp(beta=4)))
+    g = torch.Generator().manual_seed(3)
+    participants = [0, 1, 2, 3]
+
+    def one_round(m, round_: int, moves: dict[int, torch.Tensor]) -> torch.Tensor:
+        m.begin_round(round_, participants)
+        for cid in participants:
+            start = m.client_model(cid).clone()
+            fed.worker.load(start + moves[cid])
+            m.upload(task(cid, start, round_), fed.worker)
+        m.aggregate(round_, participants)
+        return m.state["models"].clone()
+
+    size = saved.client_model(0).numel()
+    one_round(saved, 1, {c: 0.1 * torch.randn(size, generator=g) for c in participants})
+    checkpoint = io.BytesIO()
+    torch.save(saved.state_dict(), checkpoint)  # as a checkpoint holds it: nothing shared with ``saved``
+    resumed = type(saved)(fed, saved.hp)
+    resumed.load_state_dict(torch.load(io.BytesIO(checkpoint.getvalue()), weights_only=False))
+    moves = {c: 0.1 * torch.randn(size, generator=g) for c in participants}
+    assert torch.equal(one_round(resumed, 2, moves), one_round(saved, 2, moves))
