@@ -23,7 +23,10 @@ gradient norm clipped at ``gate_clip``) on the same loss in each step (official 
 optimizers, built once per client, do. The global model (and its BN statistics) is averaged
 with weights n_k; the gate, its input norm and its BN statistics stay on the client. ``relu_logits`` applies ReLU to
 the output layer too, as the official forward with the gated weights does (``models/adapted_op.py`` l. 56-57; off
-by default: the zoo's model has a plain output layer).
+by default: the zoo's model has a plain output layer). ``score_levels`` (official 10) ranks the blocks for the knapsack
+by their scores rounded to 0..levels in numpy's unstable argsort order, as the official code; ``straight_through``
+weighs a kept block by its unclipped score g with the official straight-through mask, so that its gradient is
+g' (1 + g) instead of g'. Both off by default.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -52,6 +56,8 @@ class PFedGateHyper:
     gate_momentum: float  # the gate's SGD momentum (official 0.9, kept per client across rounds)
     gate_weight_decay: float  # the gate's SGD weight decay (official 5e-4)
     relu_logits: bool  # ReLU on the gated model's output layer too (official adapted_forward), so no negative logit
+    score_levels: int | None = None  # knapsack ranks round(g * levels) by numpy's argsort (official: 10); None: raw g
+    straight_through: bool = False  # official weights: the unclipped g, gradient g' (1 + g) (straight-through mask)
 
 
 class GatedModel(nn.Module):
@@ -78,6 +84,8 @@ class GatedModel(nn.Module):
         nn.init.constant_(self.gate[-1].bias, hp.gate_bias)
         self.blocks_per_tensor = hp.blocks_per_tensor
         self.relu_logits = hp.relu_logits
+        self.score_levels = hp.score_levels
+        self.straight_through = hp.straight_through
         self.sparsity = 1.0  # s_i of the client being served (set by the method before each use)
 
     @property
@@ -87,8 +95,13 @@ class GatedModel(nn.Module):
 
     def block_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g_b * keep_b, keep_b) for every block, from the batch ``x``."""
-        scores = torch.sigmoid(self.gate(x)).mean(0).clamp(min=self.min_score)
+        raw = torch.sigmoid(self.gate(x)).mean(0)
+        scores = raw.clamp(min=self.min_score)
         keep = self.knapsack(scores.detach())
+        if self.straight_through:
+            # official (gated_learner.py l. 102-108, 205-207, 225): the kept weight is the unclipped score times a
+            # mask of value 1 whose gradient is that of the clipped score (1 - g.detach() + g)
+            return raw * keep * (1 + scores - scores.detach()), keep
         return scores * keep, keep
 
     def knapsack(self, scores: torch.Tensor) -> torch.Tensor:
@@ -101,10 +114,19 @@ class GatedModel(nn.Module):
         for group in (True, False):
             blocks = [b for b, lin in enumerate(self.linear) if lin == group and not self.first[b]]
             room = round(sum(sizes[b] for b in blocks) * (self.sparsity - self.min_score))
-            for b in sorted(blocks, key=lambda b: (-values[b], b)):
+            for b in self.ranked(blocks, values):
                 if sizes[b] <= room:
                     keep[b], room = True, room - sizes[b]
         return keep.to(scores.device)
+
+    def ranked(self, blocks: list[int], values: list[float]) -> list[int]:
+        """``blocks`` by decreasing score: the raw scores, ties by block; with ``score_levels`` the scores rounded to
+        0..levels and ordered by numpy's default (unstable) argsort, as the official code (``gated_learner.py``
+        l. 213, ``knapsack_solver.py`` l. 86)."""
+        if self.score_levels is None:
+            return sorted(blocks, key=lambda b: (-values[b], b))
+        levels = np.around(np.array([values[b] for b in blocks]) * self.score_levels).astype(int)
+        return [blocks[i] for i in (-levels).argsort()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, _ = self.block_weights(x)

@@ -7,6 +7,8 @@
     python scripts/crosscheck_external.py --code pfedhn --checkout /tmp/pFedHN --methods pfedhn
     python scripts/crosscheck_external.py --code pfedgate --checkout /tmp/pFedGate --methods pfedgate \
         --python /tmp/xgate_venv/bin/python
+    python scripts/crosscheck_external.py --code pfedgate --checkout /tmp/pFedGate --methods pfedgate \
+        --python /tmp/xgate_venv/bin/python --partitions pat --seeds 2 3 --extra
 
 For each method and partition of ``conf/crosscheck.yaml`` this exports our split with the images exactly as our
 runs see them into ``<checkout>/dataset/<name>/`` (``bench.experiment.partition.export_pfllib``), runs the external code
@@ -17,7 +19,9 @@ it saves, and writes
 ``results/crosscheck/<method>/reference_<partition>.json``: the curves per repetition, the external commit, the
 exact command and the setting. The external code needs its own dependencies (PFLlib: torch, numpy, scikit-learn,
 h5py, calmsize; pFedHN and FedSelect: torch, numpy; HeteroFL and FedRolex: torch, torchvision, numpy, PyYAML,
-anytree, tensorboard); ``--python`` names the interpreter that has them.
+anytree, tensorboard); ``--python`` names the interpreter that has them. ``--seeds 2 3 --extra`` (not PFLlib) runs
+more repetitions of theirs beside the table's and adds them to ``reference_seeds_<partition>.json`` (their curves
+only), which ``scripts/crosscheck_seeds.py`` counts in the between-seed spread; the table's reference is untouched.
 
 ``--code heterofl`` / ``--code fedrolex`` run the official HeteroFL / FedRolex code (a checkout of it) through
 ``scripts/crosscheck_heterofl.py``, one run per seed, on the same export, with the clients' widths, the conv
@@ -520,6 +524,49 @@ def run_pfedgate(spec: Mapping[str, Any], method: str, partition: str, checkout:
     return curves, initial, shown, time.time() - start
 
 
+def extra_reference_path(results: Path, method: str, partition: str) -> Path:
+    """Where extra repetitions of theirs (beyond the table's seeds) are kept: beside the table's reference."""
+    return results / method / f"reference_seeds_{partition}.json"
+
+
+def merge_extra_repetitions(previous: Mapping[str, Any] | None, ref: Mapping[str, Any],
+                            table_seeds: Sequence[Any]) -> dict[str, Any]:
+    """``ref`` (new repetitions of theirs) added to ``previous`` (the extra repetitions kept so far, or None): their
+    curves (and per-seed extras) side by side, sorted by seed, each seed's command and seconds kept. Refuses a seed of
+    the table's (those are the committed reference's) or one already kept, and repetitions of another commit,
+    setting (other than its seeds) or command."""
+    new = [str(s) for s in ref["curves"]]
+    clash = sorted(set(new) & {str(s) for s in table_seeds}, key=int)
+    if clash:
+        raise SystemExit(f"error: seed(s) {', '.join(clash)} are the table's: extra repetitions need other --seeds")
+    merged = {k: v for k, v in ref.items() if k not in ("curves", "seconds", *EXTRA_KEY.values())}
+    merged["setting"] = {k: v for k, v in ref["setting"].items() if k != "seeds"}
+    runs = {s: {"seconds": ref["seconds"]} for s in new}
+    curves = dict(ref["curves"])
+    extras = {key: dict(ref[key]) for key in set(EXTRA_KEY.values()) if key in ref}
+    if previous is not None:
+        for key in ("external", "setting", "our_split", "metric"):
+            if previous[key] != merged[key]:
+                raise SystemExit(f"error: the kept extra repetitions have another {key} than these: "
+                                 f"{previous[key]!r} vs {merged[key]!r}")
+        again = sorted(set(new) & set(previous["curves"]), key=int)
+        if again:
+            raise SystemExit(f"error: seed(s) {', '.join(again)} are kept already as extra repetitions")
+        curves = {**previous["curves"], **curves}
+        runs = {**previous["runs"], **runs}
+        for key in set(EXTRA_KEY.values()):
+            if key in previous or key in extras:
+                extras[key] = {**previous.get(key, {}), **extras.get(key, {})}
+    order = sorted(curves, key=int)
+    merged["seeds"] = [int(s) for s in order]
+    merged["table_seeds"] = [int(s) for s in table_seeds]
+    merged["runs"] = {s: runs[s] for s in order}
+    merged["curves"] = {s: curves[s] for s in order}
+    for key, values in extras.items():
+        merged[key] = {s: values[s] for s in sorted(values, key=int)}
+    return merged
+
+
 RUNNERS = {
     "pfllib": {"run": run_pfllib, "cwd": "system/",
                "metric": "rs_test_acc (test accuracy pooled over all clients), entries 1..rounds, in %",
@@ -569,9 +616,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int,
                         help="repetitions instead of the spec's seeds: PFLlib's are 0..n-1 (its -t n, one after the "
                              "other from torch.manual_seed(0)), the other codes' any seeds; write them to another "
-                             "--results folder")
+                             "--results folder, or add them as --extra repetitions")
+    parser.add_argument("--extra", action="store_true",
+                        help="the --seeds (none of the table's; not PFLlib) are extra repetitions of theirs: added to "
+                             "<results>/<method>/reference_seeds_<partition>.json (read by scripts/crosscheck_seeds.py "
+                             "for the between-seed spread); the table's reference_<partition>.json stays as it is")
     args = parser.parse_args(argv)
-    spec = with_seeds(load_spec(args.spec), args.seeds, args.code)
+    if args.extra and (not args.seeds or args.code == "pfllib"):
+        raise SystemExit("error: --extra needs --seeds and an external code that takes any seed (not pfllib)")
+    spec = load_spec(args.spec)
+    table_seeds = list(spec["setting"]["seeds"])
+    spec = with_seeds(spec, args.seeds, args.code)
     checkout = Path(args.checkout).resolve()
     commit = git_commit(checkout, CODE_DIR[args.code])
     runner = RUNNERS[args.code]
@@ -592,6 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = exported[partition].name if args.code in READS_BY_NAME else exported[partition]
             curves, extra, cmd, seconds = runner["run"](spec, method, partition, checkout, args.python, data)
             out = Path(args.results) / method / f"reference_{partition}.json"
+            if args.extra:
+                out = extra_reference_path(Path(args.results), method, partition)
             out.parent.mkdir(parents=True, exist_ok=True)
             ref = {"method": method, "partition": partition,
                    "external": {"repo": spec["external"][ext["code"]]["repo"], "commit": commit,
@@ -612,6 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    **({"model": "their Conv (models/conv.py), BatchNorm, scaler; conv widths and per-client rates as "
                                "in the command"} if args.code in ("heterofl", "fedrolex") else {}),
                    "seconds": round(seconds, 1), "curves": curves, **({EXTRA_KEY[args.code]: extra} if extra else {})}
+            if args.extra:
+                previous = json.loads(out.read_text()) if out.is_file() else None
+                ref = merge_extra_repetitions(previous, ref, table_seeds)
             out.write_text(json.dumps(ref, indent=1) + "\n")
             best = sum(max(c) for c in curves.values()) / len(curves)
             final = sum(c[-1] for c in curves.values()) / len(curves)

@@ -3,11 +3,13 @@
     python scripts/crosscheck_seeds.py --method fedbn --seeds 2 3 [--partition pat] [--out-dir /tmp/runs]
 
 Runs our side (the overrides of ``bench.experiment.crosscheck``) for the extra seeds, adds the table's seeds from
-``results/crosscheck/<method>/ours_<partition>.json`` (runs are deterministic, so those are not run again), and
-writes ``results/crosscheck/<method>/seeds_<partition>.json``: every seed's curve, each side's per-seed best / final /
+``results/crosscheck/<method>/ours_<partition>.json`` (runs are deterministic, so those are not run again, nor an
+extra seed that the existing ``seeds_<partition>.json`` holds from the same overrides), and writes
+``results/crosscheck/<method>/seeds_<partition>.json``: every seed's curve, each side's per-seed best / final /
 last-5 accuracy with their mean and between-seed standard deviation, and per quantity Δ = ours − theirs with the
-standard error of that difference (pooled standard deviation of both sides' seeds). Theirs stays the committed
-reference's repetitions.
+standard error of that difference (pooled standard deviation of both sides' seeds). Theirs are the committed
+reference's repetitions and, where ``reference_seeds_<partition>.json`` exists (``scripts/crosscheck_external.py
+--seeds ... --extra``), its extra repetitions too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.experiment.crosscheck import RESULTS, SPEC, TAIL, load_reference, load_spec, our_overrides, run_ours  # noqa: E402
+from bench.experiment.crosscheck import (  # noqa: E402
+    RESULTS,
+    SPEC,
+    TAIL,
+    load_reference,
+    load_spec,
+    our_overrides,
+    run_ours,
+    stage,
+)
 
 QUANTITIES = ("best", "final", f"last{TAIL}")
 
@@ -53,6 +64,29 @@ def spread(ours: Mapping[str, Sequence[float]], theirs: Mapping[str, Sequence[fl
     return out
 
 
+def their_curves(results: Path, method: str, partition: str) -> dict[str, list[float]]:
+    """Theirs: the committed reference's repetitions and the extra ones kept in ``reference_seeds_<partition>.json``
+    (if any), by seed."""
+    curves = {str(k): v for k, v in load_reference(results, method, partition)["curves"].items()}
+    extra = results / method / f"reference_seeds_{partition}.json"
+    if extra.is_file():
+        more = {str(k): v for k, v in json.loads(extra.read_text())["curves"].items()}
+        clash = sorted(set(more) & set(curves), key=int)
+        if clash:
+            raise SystemExit(f"error: {extra} repeats the reference's seed(s) {', '.join(clash)}")
+        curves.update(more)
+    return {s: curves[s] for s in sorted(curves, key=int)}
+
+
+def kept_curves(previous: Mapping[str, Any] | None, overrides: Sequence[str],
+                seeds: Sequence[int]) -> dict[str, list[float]]:
+    """Our curves of ``seeds`` that an earlier ``seeds_<partition>.json`` (``previous``) holds from the same
+    overrides: runs are deterministic, so those are not run again."""
+    if previous is None or list(previous.get("overrides", [])) != list(overrides):
+        return {}
+    return {str(s): previous["curves"][str(s)] for s in seeds if str(s) in previous["curves"]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", required=True)
@@ -61,27 +95,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", default=str(SPEC))
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--out-dir", help="our runs' folder (default: a temporary one)")
+    parser.add_argument("--workers", type=int, default=1, help="our runs at the same time (one thread each)")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
     results = Path(args.results)
     m, p = args.method, args.partition
     table = json.loads((results / m / f"ours_{p}.json").read_text())["curves"]
-    theirs = load_reference(results, m, p)["curves"]
+    theirs = their_curves(results, m, p)
     clash = sorted(set(map(str, args.seeds)) & set(table))
     if clash:
         raise SystemExit(f"error: seed(s) {', '.join(clash)} are the table's already: give other --seeds")
+    overrides = our_overrides(spec, m, p, 0)[:-1]
+    out = results / m / f"seeds_{p}.json"
+    kept = kept_curves(json.loads(out.read_text()) if out.is_file() else None, overrides, args.seeds)
     with tempfile.TemporaryDirectory(prefix="crosscheck-seeds-") as tmp:
-        jobs = [(m, p, s) for s in args.seeds]
-        new = run_ours(spec, jobs, Path(args.out_dir or tmp), 1)
-    curves = {**table, **{str(s): new[(m, p, s)] for s in args.seeds}}
+        jobs = [(m, p, s) for s in args.seeds if str(s) not in kept]
+        new = run_ours(spec, jobs, Path(args.out_dir or tmp), args.workers) if jobs else {}
+    curves = {**table, **kept, **{str(s): new[(m, p, s)] for _, _, s in jobs}}
     curves = {s: curves[s] for s in sorted(curves, key=int)}
-    doc = {"method": m, "partition": p, "overrides": our_overrides(spec, m, p, 0)[:-1],
+    doc = {"method": m, "partition": p, "overrides": overrides,
            "seeds": [int(s) for s in curves], "table_seeds": [int(s) for s in table],
-           "metric": "weighted_acc, stage post, every round; theirs: the committed reference's repetitions",
+           "metric": f"weighted_acc, stage {stage(spec, m)}, every round; theirs: the committed reference's "
+                     "repetitions" + (f" and the extra ones of reference_seeds_{p}.json" if len(theirs) >
+                                      len(load_reference(results, m, p)["curves"]) else ""),
+           "theirs_seeds": [int(s) for s in theirs],
            "command": f"python scripts/crosscheck_seeds.py --method {m} --partition {p} --seeds "
                       + " ".join(map(str, args.seeds)),
            "curves": curves, **spread(curves, theirs)}
-    out = results / m / f"seeds_{p}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for q, d in doc["delta"].items():
         print(f"{m} {p} {q}: ours {doc['ours'][q]['mean']:.2f} (sd {doc['ours'][q]['sd']:.2f}, {len(curves)} seeds) "

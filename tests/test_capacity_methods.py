@@ -241,6 +241,45 @@ def test_pfedgate_relu_logits_is_off_by_default_and_set_by_the_config(tmp_path):
     assert experiment(tmp_path / "b", "pfedgate", "method.relu_logits=true").fed.worker.module.relu_logits is True
 
 
+def test_pfedgate_official_score_levels_and_straight_through_are_off_by_default_and_set_by_the_config(tmp_path):
+    import numpy as np
+
+    plain = experiment(tmp_path / "a", "pfedgate").fed.worker.module
+    assert (plain.score_levels, plain.straight_through) == (None, False)
+    gated = experiment(tmp_path / "b", "pfedgate", "method.score_levels=10", "method.straight_through=true",
+                       "method.gate_bias=0.0").fed.worker.module.train()
+    assert (gated.score_levels, gated.straight_through) == (10, True)
+    # the knapsack's order: raw scores (ties by block) by default; the official rounded scores in numpy's argsort order
+    values = [0.71, 0.68, 0.3, 0.74, 0.66, 0.12]
+    blocks = [0, 1, 2, 3, 4, 5]
+    assert plain.ranked(blocks, values) == [3, 0, 1, 4, 2, 5]
+    levels = np.around(np.array(values) * 10).astype(int)  # 7 7 3 7 7 1: ties, in numpy's order
+    assert gated.ranked(blocks, values) == [blocks[i] for i in (-levels).argsort()]
+    assert sorted(gated.ranked(blocks, values)[:4]) == [0, 1, 3, 4]
+    # the weights: the unclipped score g on a kept block, with gradient g' (1 + g): g' once more, scaled by g,
+    # where the clip leaves g as it is
+    gated.sparsity = 0.5
+    x = torch.randn(8, *exp_input_shape(tmp_path))
+    weights, keep = gated.block_weights(x)
+    raw = torch.sigmoid(gated.gate(x)).mean(0)
+    torch.testing.assert_close(weights.detach(), (raw * keep).detach())
+    shift = gated.gate[-1].bias
+    (st,) = torch.autograd.grad(weights.sum(), shift)
+    gated.straight_through = False
+    weights, keep2 = gated.block_weights(x)
+    assert torch.equal(keep, keep2)
+    (plain_grad,) = torch.autograd.grad(weights.sum(), shift)
+    free = (keep & (raw > gated.min_score)).detach()
+    torch.testing.assert_close(st[free], ((1 + raw) * plain_grad)[free])
+    assert bool(free.any())
+
+
+def exp_input_shape(tmp_path) -> tuple[int, ...]:
+    data = experiment(tmp_path / "shape", "pfedgate").data
+    x, _ = next(data.client(0).batches("train", 2, torch.Generator().manual_seed(0)))
+    return tuple(x.shape[1:])
+
+
 # --------------------------------------------------------------------------------------------- TailorFL
 def test_tailorfl_keeps_exactly_p_times_c_filters_per_layer(tmp_path):
     exp = experiment(tmp_path, "tailorfl")

@@ -273,6 +273,53 @@ def test_seed_spread_gives_each_sides_mean_sd_and_the_standard_error_of_the_diff
         spread({"0": [1.0]}, theirs)
 
 
+def _their_run(seeds: list[int], commit: str = "c" * 40) -> dict:
+    return {"method": "m", "partition": "pat", "external": {"repo": "r", "commit": commit, "command": ["<seed>"]},
+            "setting": {"rounds": 2, "seeds": seeds}, "our_split": ["partition=pathological"], "metric": "acc",
+            "platform": {"python": "3.11"}, "seconds": 7.0,
+            "curves": {str(s): [float(s), float(s) + 1] for s in seeds}, "initial": {str(s): 10.0 for s in seeds}}
+
+
+def test_extra_repetitions_of_theirs_are_kept_beside_the_tables_and_refuse_its_seeds(tmp_path: Path) -> None:
+    ext = script("crosscheck_external")
+    assert ext.extra_reference_path(tmp_path, "m", "pat") == tmp_path / "m" / "reference_seeds_pat.json"
+    first = ext.merge_extra_repetitions(None, _their_run([3]), [0, 1])
+    assert first["seeds"] == [3] and first["table_seeds"] == [0, 1] and "seeds" not in first["setting"]
+    assert first["curves"] == {"3": [3.0, 4.0]} and first["runs"] == {"3": {"seconds": 7.0}}
+    assert first["initial"] == {"3": 10.0} and "seconds" not in first
+    both = ext.merge_extra_repetitions(first, _their_run([2]), [0, 1])
+    assert both["seeds"] == [2, 3] and list(both["curves"]) == ["2", "3"] and list(both["initial"]) == ["2", "3"]
+    with pytest.raises(SystemExit, match="table's"):
+        ext.merge_extra_repetitions(None, _their_run([1, 2]), [0, 1])
+    with pytest.raises(SystemExit, match="kept already"):
+        ext.merge_extra_repetitions(both, _their_run([3]), [0, 1])
+    with pytest.raises(SystemExit, match="another external"):
+        ext.merge_extra_repetitions(both, _their_run([4], commit="d" * 40), [0, 1])
+    with pytest.raises(SystemExit, match="--extra needs --seeds"):
+        ext.main(["--checkout", str(tmp_path), "--code", "pfedgate", "--extra"])
+    with pytest.raises(SystemExit, match="--extra needs --seeds"):
+        ext.main(["--checkout", str(tmp_path), "--seeds", "2", "--extra"])
+
+
+def test_seed_spread_counts_their_extra_repetitions_and_reuses_our_kept_seeds(tmp_path: Path) -> None:
+    seeds = script("crosscheck_seeds")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "reference_pat.json").write_text(json.dumps(_their_run([0, 1])))
+    assert list(seeds.their_curves(tmp_path, "m", "pat")) == ["0", "1"]
+    extra = script("crosscheck_external").merge_extra_repetitions(None, _their_run([3, 2]), [0, 1])
+    (tmp_path / "m" / "reference_seeds_pat.json").write_text(json.dumps(extra))
+    theirs = seeds.their_curves(tmp_path, "m", "pat")
+    assert list(theirs) == ["0", "1", "2", "3"] and theirs["2"] == [2.0, 3.0]
+    assert seeds.spread({"0": [1.0, 2.0], "1": [2.0, 2.0]}, theirs)["theirs"]["best"]["mean"] == pytest.approx(2.5)
+    (tmp_path / "m" / "reference_seeds_pat.json").write_text(json.dumps(_their_run([1, 2])))
+    with pytest.raises(SystemExit, match="repeats the reference's seed"):
+        seeds.their_curves(tmp_path, "m", "pat")
+    previous = {"overrides": ["a=1"], "curves": {"0": [1.0], "2": [5.0]}}
+    assert seeds.kept_curves(previous, ["a=1"], [2, 3]) == {"2": [5.0]}
+    assert seeds.kept_curves(previous, ["a=2"], [2, 3]) == {}
+    assert seeds.kept_curves(None, ["a=1"], [2]) == {}
+
+
 def test_nested_command_takes_widths_and_settings_from_our_config_and_refuses_another_algorithm() -> None:
     ext = script("crosscheck_external")
     spec = load_spec()

@@ -352,7 +352,8 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
     lines += ["", "Figures: `results/crosscheck/figures/<method>-<partition>.png` (both sides' learning curves per "
               "seed); "
               "curves and exact settings: `reference_<partition>.json` (theirs) and `ours_<partition>.json`; our side "
-              "with more seeds, where two could not tell a difference from noise: `seeds_<partition>.json`."]
+              "with more seeds, where two could not tell a difference from noise: `seeds_<partition>.json` (with "
+              "theirs' extra repetitions of `reference_seeds_<partition>.json` where there are some)."]
     return "\n".join(lines) + "\n"
 
 

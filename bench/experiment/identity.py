@@ -79,6 +79,8 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "method.gate_momentum": _equals(0.0),  # pFedGate's
     "method.gate_weight_decay": _equals(0.0),  # pFedGate's
     "method.relu_logits": _equals(False),  # pFedGate's
+    "method.score_levels": lambda value: value is None,  # pFedGate's
+    "method.straight_through": _equals(False),  # pFedGate's
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }
