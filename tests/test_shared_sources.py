@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import bench.core.data as data
-import bench.experiment.run
 from bench.core.data import SharedSources, load_sources, sharing_sources
 from bench.experiment.launch import run_in_turn
 from bench.experiment.run import execute, run_dir_for, to_container
+from datasets import partition_report
 from datasets.partition import ClientSplit, Partition
 from datasets.partition_report import report_key
 from tests.helpers import config
@@ -65,9 +65,8 @@ def test_runs_in_turn_read_the_source_once_with_the_records_of_separate_processe
     reads, drawn = [], []
     real = data._load_sources
     monkeypatch.setattr(data, "_load_sources", lambda *a: reads.append(a[0]) or real(*a))
-    draw = bench.experiment.run.render_partition_report
-    monkeypatch.setattr(bench.experiment.run, "render_partition_report", lambda *a, **k: drawn.append(1) or draw(*a,
-                                                                                                                 **k))
+    draw = partition_report.render_partition_report  # the tests' runs keep no report cache (cache_dir=null)
+    monkeypatch.setattr(partition_report, "render_partition_report", lambda *a, **k: drawn.append(1) or draw(*a, **k))
     outcomes = run_in_turn(shared, [0, 1, 2])
     assert all(o.ok for o in outcomes), outcomes
     assert len(reads) == 1
