@@ -138,32 +138,28 @@ def test_aggregate_equals_the_equations_bit_for_bit(build, options, participants
     m = method("fedcac", fed, **vars(cac_hp(beta=3, **options)))
     g = torch.Generator().manual_seed(1)
     m.state["models"] += torch.randn(m.state["models"].shape, generator=g)  # clients hold different models
-    for round_ in (1, 2, 3):
-        m.begin_round(round_, participants)
-        trained = {}
-        for cid in participants:
-            start = m.client_model(cid).clone()
-            trained[cid] = start + 0.1 * torch.randn(start.shape, generator=g)
-            fed.worker.load(trained[cid])
-            m.upload(task(cid, start, round_), fed.worker)
-        expected = reference_aggregate(m, trained, participants, round_)
-        m.aggregate(round_, participants)
-        assert torch.equal(m.state["models"], expected)
+    assert_rounds_follow_the_equations(m, g, [participants] * 3)
 
 
 def test_aggregate_with_changing_participants_equals_the_equations():
     """The server step's buffers, kept from round to round, serve rounds of any number of participants."""
     fed = federation(plain_model(), 6, sizes=[1.0, 2.0, 3.0, 1.0, 5.0, 2.0])
     m = method("fedcac", fed, **vars(cac_hp(beta=4)))
-    g = torch.Generator().manual_seed(2)
-    for round_, participants in enumerate(([1, 3, 4], [0, 1, 2, 3, 4, 5], [2, 5], [0, 1, 2, 3, 4, 5]), start=1):
+    assert_rounds_follow_the_equations(m, torch.Generator().manual_seed(2),
+                                       [[1, 3, 4], [0, 1, 2, 3, 4, 5], [2, 5], [0, 1, 2, 3, 4, 5]])
+
+
+def assert_rounds_follow_the_equations(m, g: torch.Generator, rounds: list[list[int]]) -> None:
+    """Rounds 1, 2, ... with the given participants, each client's training a random step: after every server step
+    the models are the reference transcription's, bit for bit."""
+    for round_, participants in enumerate(rounds, start=1):
         m.begin_round(round_, participants)
         trained = {}
         for cid in participants:
             start = m.client_model(cid).clone()
             trained[cid] = start + 0.1 * torch.randn(start.shape, generator=g)
-            fed.worker.load(trained[cid])
-            m.upload(task(cid, start, round_), fed.worker)
+            m.fed.worker.load(trained[cid])
+            m.upload(task(cid, start, round_), m.fed.worker)
         expected = reference_aggregate(m, trained, participants, round_)
         m.aggregate(round_, participants)
         assert torch.equal(m.state["models"], expected)
