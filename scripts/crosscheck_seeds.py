@@ -116,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"method": m, "partition": p, "overrides": overrides,
            "seeds": [int(s) for s in curves], "table_seeds": [int(s) for s in table],
            "metric": f"weighted_acc, stage {stage(spec, m)}, every round; theirs: the committed reference's "
-                     "repetitions" + (f" and the extra ones of reference_seeds_{p}.json" if len(theirs) >
-                                      len(load_reference(results, m, p)["curves"]) else ""),
+                     "repetitions" + (f" and the extra ones of reference_seeds_{p}.json"
+                                      if (results / m / f"reference_seeds_{p}.json").is_file() else ""),
            "theirs_seeds": [int(s) for s in theirs],
            "command": f"python scripts/crosscheck_seeds.py --method {m} --partition {p} --seeds "
                       + " ".join(map(str, args.seeds)),
