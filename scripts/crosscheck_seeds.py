@@ -34,6 +34,7 @@ from bench.experiment.crosscheck import (  # noqa: E402
     our_overrides,
     run_ours,
     stage,
+    training_overrides,
 )
 
 QUANTITIES = ("best", "final", f"last{TAIL}")
@@ -82,7 +83,7 @@ def kept_curves(previous: Mapping[str, Any] | None, overrides: Sequence[str],
                 seeds: Sequence[int]) -> dict[str, list[float]]:
     """Our curves of ``seeds`` that an earlier ``seeds_<partition>.json`` (``previous``) holds from the same
     overrides: runs are deterministic, so those are not run again."""
-    if previous is None or list(previous.get("overrides", [])) != list(overrides):
+    if previous is None or training_overrides(previous.get("overrides", [])) != training_overrides(overrides):
         return {}
     return {str(s): previous["curves"][str(s)] for s in seeds if str(s) in previous["curves"]}
 
