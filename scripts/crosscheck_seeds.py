@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -28,55 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.experiment.crosscheck import (  # noqa: E402
     RESULTS,
     SPEC,
-    TAIL,
-    load_reference,
     load_spec,
     our_overrides,
     run_ours,
+    spread,
     stage,
+    their_curves,
     training_overrides,
 )
-
-QUANTITIES = ("best", "final", f"last{TAIL}")
-
-
-def per_seed(curve: Sequence[float]) -> dict[str, float]:
-    return dict(zip(QUANTITIES, (max(curve), curve[-1], sum(curve[-TAIL:]) / len(curve[-TAIL:])), strict=True))
-
-
-def spread(ours: Mapping[str, Sequence[float]], theirs: Mapping[str, Sequence[float]]) -> dict[str, Any]:
-    """Each side's per-seed values, mean and sd; per quantity Δ = ours − theirs and its standard error."""
-    sides = {"ours": ours, "theirs": theirs}
-    if any(len(c) < 2 for c in sides.values()):
-        raise ValueError("a spread needs at least two seeds on each side")
-    out: dict[str, Any] = {}
-    for side, curves in sides.items():
-        values = {s: per_seed(c) for s, c in curves.items()}
-        out[side] = {"per_seed": values, **{q: {"mean": statistics.mean(v[q] for v in values.values()),
-                                                "sd": statistics.stdev(v[q] for v in values.values())}
-                                            for q in QUANTITIES}}
-    n_o, n_t = len(ours), len(theirs)
-    out["delta"] = {}
-    for q in QUANTITIES:
-        o, t = out["ours"][q], out["theirs"][q]
-        pooled = (((n_o - 1) * o["sd"] ** 2 + (n_t - 1) * t["sd"] ** 2) / (n_o + n_t - 2)) ** 0.5
-        out["delta"][q] = {"delta": o["mean"] - t["mean"], "pooled_sd": pooled,
-                           "se": pooled * (1 / n_o + 1 / n_t) ** 0.5}
-    return out
-
-
-def their_curves(results: Path, method: str, partition: str) -> dict[str, list[float]]:
-    """Theirs: the committed reference's repetitions and the extra ones kept in ``reference_seeds_<partition>.json``
-    (if any), by seed."""
-    curves = {str(k): v for k, v in load_reference(results, method, partition)["curves"].items()}
-    extra = results / method / f"reference_seeds_{partition}.json"
-    if extra.is_file():
-        more = {str(k): v for k, v in json.loads(extra.read_text())["curves"].items()}
-        clash = sorted(set(more) & set(curves), key=int)
-        if clash:
-            raise SystemExit(f"error: {extra} repeats the reference's seed(s) {', '.join(clash)}")
-        curves.update(more)
-    return {s: curves[s] for s in sorted(curves, key=int)}
 
 
 def kept_curves(previous: Mapping[str, Any] | None, overrides: Sequence[str],
@@ -102,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = Path(args.results)
     m, p = args.method, args.partition
     table = json.loads((results / m / f"ours_{p}.json").read_text())["curves"]
-    theirs = their_curves(results, m, p)
+    try:
+        theirs = their_curves(results, m, p)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     clash = sorted(set(map(str, args.seeds)) & set(table))
     if clash:
         raise SystemExit(f"error: seed(s) {', '.join(clash)} are the table's already: give other --seeds")

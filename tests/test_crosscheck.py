@@ -312,7 +312,7 @@ def test_seed_spread_counts_their_extra_repetitions_and_reuses_our_kept_seeds(tm
     assert list(theirs) == ["0", "1", "2", "3"] and theirs["2"] == [2.0, 3.0]
     assert seeds.spread({"0": [1.0, 2.0], "1": [2.0, 2.0]}, theirs)["theirs"]["best"]["mean"] == pytest.approx(2.5)
     (tmp_path / "m" / "reference_seeds_pat.json").write_text(json.dumps(_their_run([1, 2])))
-    with pytest.raises(SystemExit, match="repeats the reference's seed"):
+    with pytest.raises(ValueError, match="repeats the reference's seed"):
         seeds.their_curves(tmp_path, "m", "pat")
     previous = {"overrides": ["a=1"], "curves": {"0": [1.0], "2": [5.0]}}
     assert seeds.kept_curves(previous, ["a=1"], [2, 3]) == {"2": [5.0]}
@@ -737,3 +737,31 @@ def test_crosscheck_within_seed_noise_passes_unchanged_and_still_fails_a_perturb
     _seeds_file(results, spec, {str(s): curves[("fedavg", "pat", s)] for s in (0, 1, 2)})
     assert main([*common, "--out-dir", str(runs)]) == 0
     assert main([*common, "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1
+
+
+def test_the_table_shows_delta_over_every_recorded_seed_of_both_sides_with_its_standard_error(tmp_path: Path) -> None:
+    """The "all recorded seeds" column: Δ over our seeds_<partition>.json and theirs' reference plus its extra
+    repetitions, with the standard error of the pooled spread; seeds recorded with other training settings give none,
+    while the order of the overrides and the evaluated stages do not matter."""
+    from bench.experiment.crosscheck import _all_seeds, our_overrides, recorded_seeds, spread, their_curves
+
+    spec = load_spec(_tiny_spec(tmp_path))
+    results = tmp_path / "results"
+    ref = reference_path(results, "fedavg", "pat")
+    ref.parent.mkdir(parents=True)
+    ref.write_text(json.dumps({"curves": {"0": [50.0, 60.0], "1": [52.0, 61.0]}}))
+    (results / "fedavg" / "reference_seeds_pat.json").write_text(json.dumps({"curves": {"2": [55.0, 58.0]}}))
+    ours = {"0": [50.0, 62.0], "1": [53.0, 63.0], "2": [51.0, 64.0]}
+    current = our_overrides(spec, "fedavg", "pat", 0)[:-1]
+    reordered = [current[-1], *current[:-1], "eval.stages=[pre,post]"]
+    _seeds_file(results, spec, ours, reordered)
+    row = recorded_seeds(spec, results, "fedavg", "pat")
+    expected = spread(ours, their_curves(results, "fedavg", "pat"))["delta"]
+    assert (row["ours"], row["theirs"]) == (3, 3)
+    assert row["best"]["delta"] == pytest.approx((62.0 + 63.0 + 64.0) / 3 - (60.0 + 61.0 + 58.0) / 3)
+    assert row["best"]["se"] == pytest.approx(((1.0 + 7 / 3) / 2) ** 0.5 * (2 / 3) ** 0.5)  # pooled sd 1 and 1.53
+    assert row["final"] == {"delta": expected["final"]["delta"], "se": expected["final"]["se"]}
+    assert _all_seeds({"all_seeds": row}).endswith("; 3, 3")
+    _seeds_file(results, spec, ours, [*current, "train.lr=0.5"])
+    assert recorded_seeds(spec, results, "fedavg", "pat") is None
+    assert _all_seeds({"all_seeds": None}) == "–"

@@ -246,10 +246,13 @@ def open_difference_held(spec: Mapping[str, Any], results: Path, row: Mapping[st
             f"{d_final:+.2f})")
 
 
-def training_overrides(overrides: Sequence[str]) -> list[str]:
-    """``overrides`` without the choice of evaluated stages (``compared_stage_overrides``): evaluating the other stage
-    too changes no curve (checked for every method of the spec), so runs that differ only in it are the same runs."""
-    return [o for o in overrides if not str(o).startswith("eval.stages=")]
+def training_overrides(overrides: Sequence[str]) -> dict[str, str]:
+    """What ``overrides`` set, key -> value (the last one given wins, as in Hydra), without the choice of evaluated
+    stages (``compared_stage_overrides``): evaluating the other stage too changes no curve (checked for every method
+    of the spec), so runs that differ only in it, or in the order of their overrides, are the same runs."""
+    settings = dict(str(o).split("=", 1) if "=" in str(o) else (str(o), "") for o in overrides)
+    settings.pop("eval.stages", None)
+    return settings
 
 
 def within_seed_noise(spec: Mapping[str, Any], results: Path, row: Mapping[str, Any],
@@ -334,6 +337,75 @@ def compare(spec: Mapping[str, Any], method: str, partition: str, ours: Mapping[
             "verdict": words}
 
 
+QUANTITIES = ("best", "final", f"last{TAIL}")
+
+
+def per_seed(curve: Sequence[float]) -> dict[str, float]:
+    """One seed's best round, last round and mean of the last ``TAIL`` rounds."""
+    return dict(zip(QUANTITIES, (max(curve), curve[-1], sum(curve[-TAIL:]) / len(curve[-TAIL:])), strict=True))
+
+
+def spread(ours: Mapping[str, Sequence[float]], theirs: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Each side's per-seed values, mean and sd; per quantity Δ = ours − theirs and its standard error (pooled
+    standard deviation of both sides' seeds)."""
+    sides = {"ours": ours, "theirs": theirs}
+    if any(len(c) < 2 for c in sides.values()):
+        raise ValueError("a spread needs at least two seeds on each side")
+    out: dict[str, Any] = {}
+    for side, curves in sides.items():
+        values = {s: per_seed(c) for s, c in curves.items()}
+        out[side] = {"per_seed": values, **{q: dict(zip(("mean", "sd"), _mean_sd([v[q] for v in values.values()]),
+                                                        strict=True))
+                                            for q in QUANTITIES}}
+    n_o, n_t = len(ours), len(theirs)
+    out["delta"] = {}
+    for q in QUANTITIES:
+        o, t = out["ours"][q], out["theirs"][q]
+        pooled = (((n_o - 1) * o["sd"] ** 2 + (n_t - 1) * t["sd"] ** 2) / (n_o + n_t - 2)) ** 0.5
+        out["delta"][q] = {"delta": o["mean"] - t["mean"], "pooled_sd": pooled,
+                           "se": pooled * (1 / n_o + 1 / n_t) ** 0.5}
+    return out
+
+
+def their_curves(results: Path, method: str, partition: str) -> dict[str, list[float]]:
+    """Theirs: the committed reference's repetitions and the extra ones kept in ``reference_seeds_<partition>.json``
+    (if any), by seed."""
+    curves = {str(k): v for k, v in load_reference(results, method, partition)["curves"].items()}
+    extra = results / method / f"reference_seeds_{partition}.json"
+    if extra.is_file():
+        more = {str(k): v for k, v in json.loads(extra.read_text())["curves"].items()}
+        clash = sorted(set(more) & set(curves), key=int)
+        if clash:
+            raise ValueError(f"{extra} repeats the reference's seed(s) {', '.join(clash)}")
+        curves.update(more)
+    return {s: curves[s] for s in sorted(curves, key=int)}
+
+
+def recorded_seeds(spec: Mapping[str, Any], results: Path, method: str, partition: str) -> dict[str, Any] | None:
+    """Δ = ours − theirs over every seed of ours recorded in ``<method>/seeds_<partition>.json`` and every
+    repetition of theirs (``their_curves``), with the standard error of each difference, when the seeds were recorded
+    with the training overrides the spec gives now; else None."""
+    path = results / method / f"seeds_{partition}.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    current = training_overrides(our_overrides(spec, method, partition, 0)[:-1])
+    if training_overrides(doc["overrides"]) != current:
+        return None
+    theirs = their_curves(results, method, partition)
+    delta = spread(doc["curves"], theirs)["delta"]
+    return {"ours": len(doc["curves"]), "theirs": len(theirs),
+            **{q: {"delta": delta[q]["delta"], "se": delta[q]["se"]} for q in ("best", "final")}}
+
+
+def _all_seeds(row: Mapping[str, Any]) -> str:
+    seeds = row.get("all_seeds")
+    if not seeds:
+        return "–"
+    return (f"{seeds['best']['delta']:+.2f} ({seeds['best']['se']:.2f}) / {seeds['final']['delta']:+.2f} "
+            f"({seeds['final']['se']:.2f}); {seeds['ours']}, {seeds['theirs']}")
+
+
 def _spread(row: Mapping[str, Any]) -> str:
     sd = row.get("sd")
     if not sd or sd["ours"]["best"] is None:
@@ -358,22 +430,27 @@ def table_markdown(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
         "client holds after the round's aggregation; best = mean over seeds of each seed's best round, final = "
         f"mean over seeds of the last round, last {TAIL} = mean over seeds of the last {TAIL} rounds' mean (shown, "
         "not part of the verdict); seed sd = the sample standard deviation over seeds of each seed's best / final "
-        "accuracy, theirs and ours (the between-seed spread). Δ = ours − theirs, in points. Verdict: agree when "
-        "both |Δ best| and |Δ final| are within the common tolerance; else explained (the method's note, within its "
+        "accuracy, theirs and ours (the between-seed spread); all recorded seeds = Δ over every seed of ours in "
+        "`seeds_<partition>.json` (the table's and more) and every repetition of theirs, with the standard error of "
+        "the difference (pooled sd of both sides; not part of the verdict). Δ = ours − theirs, in points. "
+        "Verdict: agree when both |Δ best| and |Δ final| are within the common tolerance; else explained (the "
+        "method's note, within its "
         "own tolerance); else differs. `make crosscheck` reruns our side and fails a cell beyond its tolerance "
         "unless our side stays within its own seed noise of the seeds recorded in `seeds_<partition>.json` "
         f"({spec.get('seed_noise_z', 'no')} standard errors; on the CPU that recorded the curves our runs repeat "
         "them bit for bit, on another one they land elsewhere within that noise).",
         "",
         "| method | partition | external code (commit) | theirs best / final | ours best / final | Δ best | "
-        "Δ final | Δ last 5 | seed sd best / final: theirs; ours | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Δ final | Δ last 5 | seed sd best / final: theirs; ours | all recorded seeds: Δ best (se) / Δ final (se); "
+        "seeds ours, theirs | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['partition']} | {r['external']} `{r['algo']}` ({r['commit'][:10]}) | "
             f"{r['theirs_best']:.2f} / {r['theirs_final']:.2f} | {r['ours_best']:.2f} / {r['ours_final']:.2f} | "
             f"{r['d_best']:+.2f} | {r['d_final']:+.2f} | {r.get('d_tail', float('nan')):+.2f} | {_spread(r)} | "
+            f"{_all_seeds(r)} | "
             f"{r['verdict']} |")
     done = {(r["method"], r["partition"]) for r in rows}
     pending = [f"{m}/{p}" for m in spec["methods"] for p in method_partitions(spec, m) if (m, p) not in done]
@@ -452,6 +529,8 @@ def write_outputs(spec: Mapping[str, Any], results: Path, rows: Sequence[Mapping
             all_rows.append(compare(spec, *key, o["curves"], load_reference(results, *key)))
     order = {m: i for i, m in enumerate(spec["methods"])}
     all_rows.sort(key=lambda r: (order.get(r["method"], 999), r["partition"]))
+    for row in all_rows:
+        row["all_seeds"] = recorded_seeds(spec, results, row["method"], row["partition"])
     (results / "table.json").write_text(json.dumps(all_rows, indent=1) + "\n")
     (results / "README.md").write_text(table_markdown(spec, all_rows))
     return all_rows
