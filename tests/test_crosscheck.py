@@ -655,7 +655,7 @@ def test_our_runs_evaluate_only_the_compared_stage_for_every_method_of_the_spec(
 
 
 def test_an_open_difference_passes_while_ours_keeps_its_committed_curves_and_fails_when_ours_moves(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = _tiny_spec(tmp_path)
     raw = yaml.safe_load(spec_path.read_text())
     raw["methods"]["fedavg"]["open"] = "theirs is 10 points higher; under investigation"
@@ -674,8 +674,11 @@ def test_an_open_difference_passes_while_ours_keeps_its_committed_curves_and_fai
     row = json.loads((results / "table.json").read_text())[0]
     assert not row["ok"] and row["verdict"].startswith("DIFFERS") and "under investigation" in row["verdict"]
     assert main(common) == 0  # ours unchanged (the same run): the known difference holds
+    assert "repeats its committed curves bit for bit in 1 of 1 cell" in capsys.readouterr().out
     fresh = ["--spec", str(spec_path), "--results", str(results), "--workers", "1"]
+    capsys.readouterr()
     assert main([*fresh, "--extra", "imports=[tests.crosscheck_perturbation]"]) == 1  # ours moved: fails
+    assert "repeats its committed curves bit for bit in 0 of 1 cell" in capsys.readouterr().out
 
 
 def _seeds_file(results: Path, spec: dict, curves: dict[str, list[float]], overrides: list[str] | None = None) -> None:

@@ -284,6 +284,22 @@ def within_seed_noise(spec: Mapping[str, Any], results: Path, row: Mapping[str, 
             f"{float(z):g} se: {moved['best'][1]:.2f} / {moved['final'][1]:.2f})")
 
 
+def repeats_committed(spec: Mapping[str, Any], results: Path, method: str, partition: str,
+                      ours: Mapping[str, Sequence[float]]) -> bool | None:
+    """Whether our fresh curves equal our committed ones (``<method>/ours_<partition>.json``) bit for bit, every seed
+    and round; None when there are none committed with the same training overrides and seeds. On the CPU that
+    recorded them they do (runs are deterministic); on another CPU they may not, which the tolerances allow."""
+    path = results / method / f"ours_{partition}.json"
+    if not path.is_file():
+        return None
+    committed = json.loads(path.read_text())
+    current = our_overrides(spec, method, partition, 0)[:-1]
+    same_runs = training_overrides(committed["overrides"]) == training_overrides(current)
+    if not same_runs or set(map(str, committed["curves"])) != set(ours):
+        return None
+    return all(list(committed["curves"][s]) == list(ours[s]) for s in ours)
+
+
 def figure(path: Path, method: str, partition: str, ours: Mapping[str, Sequence[float]],
            theirs: Mapping[str, Sequence[float]], external: str) -> None:
     import matplotlib
@@ -591,6 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (m, p), words in held.items():
         if words:
             print(f"{m}/{p}: {words}")
+    same = [repeats_committed(spec, results, m, p, ours_curves[(m, p)]) for m, p in cells]
+    print(f"our side repeats its committed curves bit for bit in {same.count(True)} of {len(cells)} cell(s)"
+          + (f" ({same.count(None)} with none committed from the same settings)" if None in same else ""))
     if args.write:
         write_outputs(spec, results, rows, ours_curves)
     drifted = [r for r in rows if not r["ok"] and not held[(r["method"], r["partition"])]]
