@@ -745,7 +745,7 @@ def test_crosscheck_within_seed_noise_passes_unchanged_and_still_fails_a_perturb
 def test_the_table_shows_delta_over_every_recorded_seed_of_both_sides_with_its_standard_error(tmp_path: Path) -> None:
     """The "all recorded seeds" column: Δ over our seeds_<partition>.json and theirs' reference plus its extra
     repetitions, with the standard error of the pooled spread; seeds recorded with other training settings give none,
-    while the order of the overrides and the evaluated stages do not matter."""
+    while the order of the overrides and the evaluated and scored stages do not matter."""
     from bench.experiment.crosscheck import _all_seeds, our_overrides, recorded_seeds, spread, their_curves
 
     spec = load_spec(_tiny_spec(tmp_path))
@@ -756,7 +756,7 @@ def test_the_table_shows_delta_over_every_recorded_seed_of_both_sides_with_its_s
     (results / "fedavg" / "reference_seeds_pat.json").write_text(json.dumps({"curves": {"2": [55.0, 58.0]}}))
     ours = {"0": [50.0, 62.0], "1": [53.0, 63.0], "2": [51.0, 64.0]}
     current = our_overrides(spec, "fedavg", "pat", 0)[:-1]
-    reordered = [current[-1], *current[:-1], "eval.stages=[pre,post]"]
+    reordered = [current[-1], *current[:-1], "eval.stages=[pre,post]", "eval.primary.stage=pre"]
     _seeds_file(results, spec, ours, reordered)
     row = recorded_seeds(spec, results, "fedavg", "pat")
     expected = spread(ours, their_curves(results, "fedavg", "pat"))["delta"]

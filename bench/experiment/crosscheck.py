@@ -248,10 +248,12 @@ def open_difference_held(spec: Mapping[str, Any], results: Path, row: Mapping[st
 
 def training_overrides(overrides: Sequence[str]) -> dict[str, str]:
     """What ``overrides`` set, key -> value (the last one given wins, as in Hydra), without the choice of evaluated
-    stages (``compared_stage_overrides``): evaluating the other stage too changes no curve (checked for every method
-    of the spec), so runs that differ only in it, or in the order of their overrides, are the same runs."""
+    and scored stages (``compared_stage_overrides``): evaluating the other stage too changes no curve (checked for
+    every method of the spec) and the curve is read at the compared stage whichever is scored, so runs that differ
+    only in these, or in the order of their overrides, are the same runs."""
     settings = dict(str(o).split("=", 1) if "=" in str(o) else (str(o), "") for o in overrides)
-    settings.pop("eval.stages", None)
+    for key in ("eval.stages", "eval.primary.stage"):
+        settings.pop(key, None)
     return settings
 
 
