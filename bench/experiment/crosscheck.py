@@ -257,6 +257,18 @@ def training_overrides(overrides: Sequence[str]) -> dict[str, str]:
     return settings
 
 
+def same_settings_file(spec: Mapping[str, Any], results: Path, method: str, partition: str,
+                       kind: str) -> dict[str, Any] | None:
+    """``<method>/<kind>_<partition>.json`` (``ours``: our committed curves; ``seeds``: our recorded seeds) when it
+    exists and its runs had the training settings the spec gives now (``training_overrides``); else None."""
+    path = results / method / f"{kind}_{partition}.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    current = our_overrides(spec, method, partition, 0)[:-1]
+    return doc if training_overrides(doc["overrides"]) == training_overrides(current) else None
+
+
 def within_seed_noise(spec: Mapping[str, Any], results: Path, row: Mapping[str, Any],
                       ours: Mapping[str, Sequence[float]]) -> str | None:
     """For a cell beyond its tolerance, whether ours is still within its own seed noise of what it recorded: our
@@ -267,13 +279,8 @@ def within_seed_noise(spec: Mapping[str, Any], results: Path, row: Mapping[str, 
     bits differ, and a curve that swings from round to round lands elsewhere within its seed noise, which is not a
     drift. Its words, or None (no ``seed_noise_z`` in the spec, no such seeds file, or ours moved further)."""
     z = spec.get("seed_noise_z")
-    method, partition = row["method"], row["partition"]
-    path = results / method / f"seeds_{partition}.json"
-    if z is None or not path.is_file():
-        return None
-    recorded = json.loads(path.read_text())
-    current = our_overrides(spec, method, partition, 0)[:-1]
-    if training_overrides(recorded["overrides"]) != training_overrides(current) or len(recorded["curves"]) < 3:
+    recorded = same_settings_file(spec, results, row["method"], row["partition"], "seeds")
+    if z is None or recorded is None or len(recorded["curves"]) < 3:
         return None
     now, before = stats(ours), stats(recorded["curves"])
     scale = (1 / len(ours) + 1 / len(recorded["curves"])) ** 0.5
@@ -291,13 +298,8 @@ def repeats_committed(spec: Mapping[str, Any], results: Path, method: str, parti
     """Whether our fresh curves equal our committed ones (``<method>/ours_<partition>.json``) bit for bit, every seed
     and round; None when there are none committed with the same training overrides and seeds. On the CPU that
     recorded them they do (runs are deterministic); on another CPU they may not, which the tolerances allow."""
-    path = results / method / f"ours_{partition}.json"
-    if not path.is_file():
-        return None
-    committed = json.loads(path.read_text())
-    current = our_overrides(spec, method, partition, 0)[:-1]
-    same_runs = training_overrides(committed["overrides"]) == training_overrides(current)
-    if not same_runs or set(map(str, committed["curves"])) != set(ours):
+    committed = same_settings_file(spec, results, method, partition, "ours")
+    if committed is None or set(map(str, committed["curves"])) != set(ours):
         return None
     return all(list(committed["curves"][s]) == list(ours[s]) for s in ours)
 
@@ -403,12 +405,8 @@ def recorded_seeds(spec: Mapping[str, Any], results: Path, method: str, partitio
     """Δ = ours − theirs over every seed of ours recorded in ``<method>/seeds_<partition>.json`` and every
     repetition of theirs (``their_curves``), with the standard error of each difference, when the seeds were recorded
     with the training overrides the spec gives now; else None."""
-    path = results / method / f"seeds_{partition}.json"
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text())
-    current = training_overrides(our_overrides(spec, method, partition, 0)[:-1])
-    if training_overrides(doc["overrides"]) != current:
+    doc = same_settings_file(spec, results, method, partition, "seeds")
+    if doc is None:
         return None
     theirs = their_curves(results, method, partition)
     delta = spread(doc["curves"], theirs)["delta"]
