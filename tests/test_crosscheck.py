@@ -20,14 +20,20 @@ from bench.experiment.compose import compose_config, to_container
 from bench.experiment.crosscheck import (
     RESULTS,
     Stats,
+    _all_seeds,
     curve_from_records,
     load_spec,
     main,
     method_partitions,
+    our_overrides,
+    recorded_seeds,
     reference_path,
     run_ours,
+    spread,
     stats,
+    their_curves,
     verdict,
+    within_seed_noise,
 )
 from bench.experiment.errors import ConfigError
 from bench.experiment.partition import export_pfllib, rebuild_partition
@@ -430,8 +436,6 @@ def test_nested_launcher_reads_our_export_and_recollects_statistics_with_scalers
 def test_pfedhn_rounds_and_settings_map_to_the_official_trainers_steps() -> None:
     """The official trainer updates the hypernetwork after one client per step: ours runs one client per round for
     rounds x num_clients rounds, evaluated every num_clients rounds, with the hyperparameters theirs gets."""
-    from bench.experiment.crosscheck import our_overrides
-
     ext = script("crosscheck_external")
     spec = load_spec()
     s = spec["setting"]
@@ -682,8 +686,6 @@ def test_an_open_difference_passes_while_ours_keeps_its_committed_curves_and_fai
 
 
 def _seeds_file(results: Path, spec: dict, curves: dict[str, list[float]], overrides: list[str] | None = None) -> None:
-    from bench.experiment.crosscheck import our_overrides
-
     path = results / "fedavg" / "seeds_pat.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"overrides": overrides or our_overrides(spec, "fedavg", "pat", 0)[:-1],
@@ -692,8 +694,6 @@ def _seeds_file(results: Path, spec: dict, curves: dict[str, list[float]], overr
 
 def test_seed_noise_passes_a_cell_whose_two_seed_mean_stays_within_z_standard_errors_of_its_recorded_seeds(
         tmp_path: Path) -> None:
-    from bench.experiment.crosscheck import within_seed_noise
-
     spec = {**load_spec(_tiny_spec(tmp_path)), "seed_noise_z": 3.0}
     results = tmp_path / "results"
     recorded = {"0": [50.0, 70.0], "1": [50.0, 72.0], "2": [50.0, 74.0]}  # best = final: mean 72, sd 2
@@ -708,8 +708,6 @@ def test_seed_noise_passes_a_cell_whose_two_seed_mean_stays_within_z_standard_er
     assert within_seed_noise({k: v for k, v in spec.items() if k != "seed_noise_z"}, results, row, inside) is None
     _seeds_file(results, spec, {"0": recorded["0"], "1": recorded["1"]})  # two seeds: no spread to trust
     assert within_seed_noise(spec, results, row, inside) is None
-    from bench.experiment.crosscheck import our_overrides
-
     current = our_overrides(spec, "fedavg", "pat", 0)[:-1]
     _seeds_file(results, spec, recorded, [*current, "train.lr=0.1"])  # recorded with other training settings
     assert within_seed_noise(spec, results, row, inside) is None
@@ -746,8 +744,6 @@ def test_the_table_shows_delta_over_every_recorded_seed_of_both_sides_with_its_s
     """The "all recorded seeds" column: Δ over our seeds_<partition>.json and theirs' reference plus its extra
     repetitions, with the standard error of the pooled spread; seeds recorded with other training settings give none,
     while the order of the overrides and the evaluated and scored stages do not matter."""
-    from bench.experiment.crosscheck import _all_seeds, our_overrides, recorded_seeds, spread, their_curves
-
     spec = load_spec(_tiny_spec(tmp_path))
     results = tmp_path / "results"
     ref = reference_path(results, "fedavg", "pat")
