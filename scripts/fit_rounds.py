@@ -16,6 +16,12 @@ first, and pack the finished runs' records to take home.
    records (not its checkpoints) are appended to ``--pack`` as it finishes; at the deadline the runs still going
    are stopped and left out.
 
+On CPUs, where a table takes several sessions, ``--rounds R --search-first --drop-checkpoints`` runs it in parts:
+a call runs the tuning search's cells and the untuned rows' cells; once the search has finished (this call or an
+earlier one), the tuned rows' final cells at the point it picked, instead of at every point. Runs already finished
+are not started again, so the same command, called again, goes on where the last one stopped (a run stopped at the
+deadline starts over: its checkpoints stay on the machine that ran it).
+
 Afterwards, where the records are wanted: unpack into the repository (``tar -xf runs.tar``), set the scale's
 ``rounds=R`` in the spec (the chosen R is in ``<pack>.json``), and run ``bench.experiment.table`` as usual: it
 reuses every run (same configs, same run directories). ``device`` is not part of a run's identity
@@ -30,6 +36,7 @@ import json
 import os
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -45,7 +52,7 @@ from bench.experiment.compose import sharing_compositions  # noqa: E402
 from bench.experiment.identity import run_dir_for  # noqa: E402
 from bench.experiment.launch import Outcome, launch, load_launcher  # noqa: E402
 from bench.experiment.spec import Cell, cell_config, expand, load_spec, scale_columns  # noqa: E402
-from bench.experiment.tuning import row_grids, search_cells  # noqa: E402
+from bench.experiment.tuning import row_grids, search_cells, tune  # noqa: E402
 
 #: the files of a run directory that are its records (what the repository commits); checkpoints stay behind
 RECORDS = ("config.yaml", "rounds.jsonl", "summary.json", "timing.json", "partition")
@@ -76,6 +83,22 @@ def all_cells(spec: dict[str, Any], scale: str, out_dir: str, extra: Sequence[st
     for point in point_specs(spec, scale):
         pairs += [(cell, point) for cell in expand(point, scale, None, out_dir, extra)]
     return pairs
+
+
+def search_first_cells(spec: dict[str, Any], scale: str, out_dir: str,
+                       extra: Sequence[str]) -> list[tuple[Cell, dict]]:
+    """The (cell, its spec) pairs to run now when the search goes first: while the search is unfinished, its cells
+    and the untuned rows' cells; once every search run has finished, the table's cells with the point the search
+    picked (``tune`` reads the finished runs; its report goes to a temporary folder, not over the table's)."""
+    search, tuning = search_cells(spec, scale, out_dir, extra) if spec.get("tuning") else (spec, [])
+    searched = [run_dir_for(cfg) for _, _, cfg in compose([(cell, search) for cell in tuning], scale)]
+    if all(RunDir(path).is_complete() for path in searched):
+        with tempfile.TemporaryDirectory() as results:
+            tuned = tune(spec, scale, {"name": "inline"}, out_dir, extra, results_dir=results)
+        return [(cell, tuned) for cell in expand(tuned, scale, None, out_dir, extra)]
+    grids = row_grids(spec, scale)
+    return [(cell, search) for cell in tuning] + [
+        (cell, spec) for cell in expand(spec, scale, None, out_dir, extra) if cell.row not in grids]
 
 
 def compose(pairs: Sequence[tuple[Cell, dict]], scale: str, *last: str) -> list[tuple[Cell, dict, dict[str, Any]]]:
@@ -176,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="run at this many rounds, no probe (e.g. to finish a table "
                                                     "that an earlier call fitted)")
     parser.add_argument("--rows", nargs="+", help="only these rows (and their search's grid points)")
+    parser.add_argument("--search-first", action="store_true",
+                        help="with --rounds: the tuned rows' final cells only at the point a finished search picked "
+                             "(until the search has finished: its cells and the untuned rows')")
+    parser.add_argument("--drop-checkpoints", action="store_true",
+                        help="delete each finished run's checkpoints (a CPU's disk; the records stay)")
     parser.add_argument("--out-dir", default="runs")
     parser.add_argument("--pack", type=Path, required=True, help="tar file the finished runs' records go to")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (device=cuda)")
@@ -183,9 +211,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = argv[argv.index("--") + 1:] if "--" in argv else []  # everything after "--" is an override
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.overrides += after
+    if args.search_first and not args.rounds:
+        parser.error("--search-first needs --rounds (the search's runs are found by their rounds)")
     started = time.time()
     spec = load_spec(args.spec)
-    pairs = all_cells(spec, args.scale, args.out_dir, args.overrides)
+    if args.search_first:
+        args.overrides.append(f"rounds={args.rounds}")
+        pairs = search_first_cells(spec, args.scale, args.out_dir, args.overrides)
+    else:
+        pairs = all_cells(spec, args.scale, args.out_dir, args.overrides)
     if args.rows:
         pairs = [(cell, s) for cell, s in pairs if base_row(cell.row) in args.rows]
     cells = compose(pairs, args.scale)
@@ -227,7 +261,9 @@ def run_fitted(args: argparse.Namespace, kept: Sequence[tuple[Cell, dict]], roun
     report_path = args.pack.with_suffix(".json")
     report_path.write_text(json.dumps(report, indent=1) + "\n")
     launcher = load_launcher("local", [f"launcher.max_concurrent={args.workers}"])
-    final = compose(kept, args.scale, f"rounds={rounds}")
+    final = [run for run in compose(kept, args.scale, f"rounds={rounds}")
+             if not RunDir(run_dir_for(run[2])).is_complete()]  # finished ones stay as they are
+    print(f"{len(final)} runs to go at {rounds} rounds", flush=True)
     configs = [cfg for _, _, cfg in final]
     root = Path(args.out_dir).resolve().parent
 
@@ -239,6 +275,9 @@ def run_fitted(args: argparse.Namespace, kept: Sequence[tuple[Cell, dict]], roun
                                "error": outcome.error.strip()[-500:]})
         if outcome.ok:
             pack(args.pack, run_dir.resolve(), root)
+            if args.drop_checkpoints:
+                for path in (RunDir(run_dir).checkpoint, RunDir(run_dir).previous_checkpoint):
+                    path.unlink(missing_ok=True)
         report_path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"{'done' if outcome.ok else 'FAILED'} {cell.row} | {cell.column} | seed {cell.seed} "
               f"({outcome.ended - outcome.started:.0f} s, at {time.time() - started:.0f} s)", flush=True)

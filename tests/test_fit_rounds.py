@@ -94,3 +94,28 @@ def test_the_runs_fit_are_packed_and_the_table_then_reuses_every_one(tmp_path, c
     capsys.readouterr()
     run_cells(expand(spec, "mini", out_dir=str(out_dir)), spec=spec, scale="mini")
     assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out
+
+
+def test_search_first_runs_the_tuned_rows_only_at_the_point_the_finished_search_picked(tmp_path, capsys):
+    spec_path = tmp_path / "toy.yaml"
+    spec_path.write_text(SPEC)
+    out_dir, pack = tmp_path / "runs", tmp_path / "runs.tar"
+    call = [str(spec_path), "--scale", "mini", "--budget-s", "300", "--workers", "2", "--rounds", "2",
+            "--search-first", "--drop-checkpoints", "--out-dir", str(out_dir), "--pack", str(pack),
+            "--", "checkpoint.every_rounds=1"]
+    assert fit_rounds.main(call) == 0  # the search is not finished: its 2 points and the untuned FedAvg
+    first = json.loads(pack.with_suffix(".json").read_text())["runs"]
+    assert sorted(r["row"] for r in first) == ["FedAvg", "Separate [train.lr=0.001]", "Separate [train.lr=0.3]"]
+    assert all(r["ok"] for r in first)
+    assert not list(out_dir.rglob("*.pt"))  # each finished run's checkpoints deleted, its records kept
+    assert len(list(out_dir.rglob("summary.json"))) == 3
+    assert fit_rounds.main(call) == 0  # the search has finished: Separate at its pick, nothing run twice
+    second = json.loads(pack.with_suffix(".json").read_text())["runs"]
+    assert [(r["row"], r["seed"], r["ok"]) for r in second] == [("Separate", 0, True)]
+    assert fit_rounds.main(call) == 0 and json.loads(pack.with_suffix(".json").read_text())["runs"] == []
+    # the table at those rounds finds every run it needs finished
+    spec_path.write_text(SPEC.replace("base: [rounds=1]", "base: [rounds=2]"))
+    spec = tune(load_spec(spec_path), "mini", {"name": "inline"}, str(out_dir), results_dir=str(tmp_path / "results"))
+    capsys.readouterr()
+    run_cells(expand(spec, "mini", out_dir=str(out_dir)), spec=spec, scale="mini")
+    assert "2 cells, 2 finished, 0 to run" in capsys.readouterr().out
