@@ -177,6 +177,29 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
              load_launcher("inline"))
 
 
+def test_the_dry_run_counts_the_search_then_the_final_cells_at_its_picks(tmp_path, capsys):
+    # the dry run used to skip the search and count the tuned rows' final cells at their own values, so a table
+    # whose search and final seeds had all finished was reported with cells "to run"
+    from bench.experiment.table import main as table_main
+
+    text = SPEC + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    args = [str(spec_file(tmp_path, text)), "--scale", "paper", "--launcher", "inline", "--dry-run", "--no-cost",
+            "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    assert table_main(args) == 0
+    out = capsys.readouterr().out
+    assert "tuning: 2 grid points x 1 columns x 1 seeds\n2 cells, 0 finished, 2 to run" in out
+    assert "the search has not finished" in out and "4 cells, 0 finished, 4 to run" in out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # nothing run or written
+    assert table_main([a for a in args if a not in ("--dry-run", "--no-cost")]) == 0  # search, then the table
+    report = json.loads((tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.json").read_text())
+    chosen = next(r["chosen"] for r in report["results"] if "chosen" in r)
+    capsys.readouterr()
+    assert table_main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 cells, 2 finished, 0 to run" in out and "4 cells, 4 finished, 0 to run" in out
+    assert f"the search has finished; the final cells below at the points it picks (Separate | A: {chosen[0]})" in out
+
+
 def test_tuning_searches_and_chooses_only_the_columns_of_its_scale(tmp_path):
     # a scale running a subset of the columns (scales.medium.columns: [A]) used to fail with a KeyError on the
     # columns it does not run

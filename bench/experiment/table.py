@@ -3,7 +3,9 @@
 Usage: ``python -m bench.experiment.table conf/paper/fedcac/table2.yaml --scale mini [--launcher local|slurm|inline]
 [--seeds 0 1] [--dry-run] [--quiet] [-- device=cuda launcher.partition=gpu]`` (``make fedcac-table2`` wraps it).
 ``--dry-run`` runs nothing but builds every cell's partition for every seed, from the official label counts where
-the data is absent (``bench.experiment.precheck.dry_build``), and exits 1 naming each cell that cannot be built.
+the data is absent (``bench.experiment.precheck.dry_build``), and exits 1 naming each cell that cannot be built; a
+table with a ``tuning:`` search counts the search's cells first, then the final cells at the points a finished search
+picks (``bench.experiment.tuning.dry_run_search``).
 On a terminal a progress line shows runs done / total, failures and an ETA (``--quiet``: none).
 
 A table spec (YAML)::
@@ -83,7 +85,7 @@ from bench.experiment.manifest import write_manifest
 from bench.experiment.precheck import CellsError
 from bench.experiment.render import write_table
 from bench.experiment.spec import SCALES, TableSpec, cell_config, cell_overrides, expand, load_spec, origin, spec_files
-from bench.experiment.tuning import tune, with_tuned
+from bench.experiment.tuning import dry_run_search, tune, with_tuned
 from bench.experiment.wandb_tables import after_table
 
 
@@ -134,11 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(explain(args.spec, with_tuned(spec, args.scale, args.results), args.scale, args.explain,
                           args.seeds, args.out_dir, overrides))
         return 0
-    if spec.get("tuning") and not args.dry_run:
-        spec = tune(spec, args.scale, launcher, args.out_dir, overrides, args.results)
-    with config_phase():
-        cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
     try:
+        if spec.get("tuning"):  # the search first; a dry run counts its cells and, once it has finished, its picks
+            spec = (dry_run_search(spec, args.scale, launcher, args.out_dir, overrides, precheck=args.precheck,
+                                   cost=args.cost) if args.dry_run
+                    else tune(spec, args.scale, launcher, args.out_dir, overrides, args.results))
+        with config_phase():
+            cells = expand(spec, args.scale, args.seeds, args.out_dir, overrides)
         dirs = run_cells(cells, dry_run=args.dry_run, launcher=launcher, spec=spec, scale=args.scale,
                          precheck=args.precheck, rerun_stale=args.rerun_stale, quiet=args.quiet, cost=args.cost)
     except CellsError as err:  # every cell that cannot run or be built, each named: the whole list, not a summary

@@ -128,20 +128,11 @@ def search_cells(spec: dict[str, Any], scale: str, out_dir: str = "runs",
                            "eval.primary.selection=best_val"])
 
 
-def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
-         extra: Sequence[str] = (), results_dir: str | os.PathLike = "results") -> dict[str, Any]:
-    """Run the grid, write the choices, and return the spec with each tuned row's choice per column."""
-    tuning = settings(spec, scale)
-    proto = spec["protocol"]
-    grid = row_grids(spec, scale)
-    if not grid:
-        return spec
-    search, cells = search_cells(spec, scale, out_dir, extra)
-    columns = scale_columns(spec, scale)  # a scale may run a subset of the columns (scales.<scale>.columns)
-    print(f"tuning: {len(search['rows'])} grid points x {len(columns)} columns x {len(tuning['seeds'])} "
-          "seeds", flush=True)
+def search_scores(dirs: dict[Cell, Any], proto: dict[str, Any]) -> dict[tuple[str, str], list[float]]:
+    """Each (grid point's row, column): the search runs' validation scores, one per tuning seed (NaN for a run
+    that did not finish)."""
     scores: dict[tuple[str, str], list[float]] = {}
-    for cell, path in run_cells(cells, launcher=launcher, spec=search, scale=scale).items():
+    for cell, path in dirs.items():
         run = RunDir(path)
         value = math.nan
         if run.is_complete():
@@ -149,10 +140,18 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
             scored = summary["protocol"]  # the row's own stage and weighting (bench.experiment.spec.row_protocol)
             value = pick(summary["results"], scored["stage"], score_selection(proto), scored["weighting"])["val_acc"]
         scores.setdefault((cell.row, cell.column), []).append(value)
+    return scores
+
+
+def choose(spec: dict[str, Any], scale: str,
+           scores: dict[tuple[str, str], list[float]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The spec with each tuned row's best grid point per column (ties: the first point), and the report: every
+    point's mean score and each choice. Writes nothing."""
+    grid = row_grids(spec, scale)
     tuned = copy.deepcopy(spec)
     report: list[dict[str, Any]] = []
     for row in tuned["rows"]:
-        for column in columns if row["name"] in grid else []:
+        for column in scale_columns(spec, scale) if row["name"] in grid else []:
             means = []
             for point in grid[row["name"]]:
                 vals = scores[(point_name(row["name"], point), column["name"])]
@@ -165,6 +164,26 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
             row.setdefault("tuned", {})[column["name"]] = grid[row["name"]][best]
             report.append({"row": row["name"], "column": column["name"], "chosen": grid[row["name"]][best],
                            "val_acc": means[best]})
+    return tuned, report
+
+
+def announce(spec: dict[str, Any], scale: str) -> None:
+    tuning, columns = settings(spec, scale), scale_columns(spec, scale)
+    points = sum(len(points) for points in row_grids(spec, scale).values())
+    print(f"tuning: {points} grid points x {len(columns)} columns x {len(tuning['seeds'])} seeds", flush=True)
+
+
+def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
+         extra: Sequence[str] = (), results_dir: str | os.PathLike = "results") -> dict[str, Any]:
+    """Run the grid, write the choices, and return the spec with each tuned row's choice per column."""
+    tuning = settings(spec, scale)
+    proto = spec["protocol"]
+    if not row_grids(spec, scale):
+        return spec
+    search, cells = search_cells(spec, scale, out_dir, extra)
+    announce(spec, scale)
+    tuned, report = choose(spec, scale, search_scores(run_cells(cells, launcher=launcher, spec=search, scale=scale),
+                                                      proto))
     base = output_base(spec["paper"], f"{label(spec)}.tuning", scale, results_dir)
     atomic_write_json(base.with_name(base.name + ".json"), {"settings": tuning, "protocol": proto, "results": report})
     chosen = {(r["row"], r["column"]): r for r in report if "chosen" in r}
@@ -180,6 +199,27 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
         f"(stage={proto['stage']}, weighting={proto['weighting']}); ties go to the first grid point. "
         "The chosen values are used for the table's final seeds."], [frame_grid(frame)])
     atomic_write_text(base.with_name(base.name + ".md"), to_markdown(searched))
+    return tuned
+
+
+def dry_run_search(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
+                   extra: Sequence[str] = (), **dry: Any) -> dict[str, Any]:
+    """``--dry-run`` of the search: its cells counted, built and priced as the table's are (``dry``: ``run_cells``'
+    ``precheck`` and ``cost``), nothing run or written. Returns the spec with the points a finished search picks,
+    so that the table's dry run counts the final cells the table would run; while any search run is missing, the
+    spec unchanged (the tuned rows' cells at their own values: the points are not known yet)."""
+    if not row_grids(spec, scale):
+        return spec
+    search, cells = search_cells(spec, scale, out_dir, extra)
+    announce(spec, scale)
+    dirs = run_cells(cells, dry_run=True, launcher=launcher, spec=search, scale=scale, **dry)
+    if not all(RunDir(path).is_complete() for path in dirs.values()):
+        print("the search has not finished: the tuned rows' final cells below are counted at their own values",
+              flush=True)
+        return spec
+    tuned, report = choose(spec, scale, search_scores(dirs, spec["protocol"]))
+    picks = "; ".join(f"{r['row']} | {r['column']}: {', '.join(r['chosen'])}" for r in report if "chosen" in r)
+    print(f"the search has finished; the final cells below at the points it picks ({picks})", flush=True)
     return tuned
 
 
