@@ -204,6 +204,26 @@ def test_pfedgate_keeps_every_layer_at_the_smallest_budget(tmp_path):
     assert {owner[b] for b in keep.nonzero().flatten().tolist()} == set(owner)
 
 
+def test_pfedgate_below_one_chunk_keeps_the_heads_first_rows_only(tmp_path):
+    # Below s_i = 1/blocks_per_tensor a client's model is the first chunk of every tensor whatever the gate scores
+    # (the official rule), and chunks are contiguous slices of the flattened tensor: the head keeps its first rows,
+    # so every other class's logit is exactly 0 (docs/methods/capacity_methods.md, pFedGate, 3. Knapsack)
+    exp = experiment(tmp_path, "pfedgate")
+    gated = exp.fed.worker.module.eval()
+    gated.sparsity = exp.method.budgets[0]
+    blocks = exp.method.hp.blocks_per_tensor
+    assert gated.sparsity < 1 / blocks
+    x, _ = next(exp.data.client(0).batches("train", 10, torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        logits = gated(x)
+    classes, features = gated.net.head.weight.shape
+    weight_chunk, bias_chunk = -(-classes * features // blocks), -(-classes // min(blocks, classes))
+    kept = max(-(-weight_chunk // features), bias_chunk)  # the classes the first chunks reach (10 classes: 2)
+    assert kept < classes
+    assert torch.equal(logits[:, kept:], torch.zeros_like(logits[:, kept:]))
+    assert bool(logits[:, :kept].ne(0).all())
+
+
 def test_pfedgate_starts_from_about_the_shared_model(tmp_path):
     # Regression: with the gate's scores at 0.5 (the official start) every weight was halved and the norm-free CNN's
     # logits were ~16x smaller than the shared model's; it did not train. g starts at sigmoid(gate_bias) now.
