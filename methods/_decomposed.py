@@ -11,7 +11,7 @@ A conv weight W in R^{T x S x k x k} (a linear layer is k = 1) is built from
 which is what the authors' FLANC computes as "each group of R1 inputs convolved with the bank, then a 1x1 conv to
 T outputs" (their FLGo code); we form W and run one convolution (the same function, the FLOPs are not the point here).
 A narrower model (T' = pT outputs, S' = pS inputs) has the same B and C' in R^{T' x (G' R2)}; when C' is the prefix
-block of C, W' is exactly the prefix slice W[:T', :S'] (how :mod:`methods.flanc` initialises the narrow models).
+block of C, W' is exactly the prefix slice W[:T', :S'] (:mod:`methods.flanc` with ``narrow_init: prefix``).
 
 :func:`channel_groups` finds which dimensions of which tensors index the same channels (the outputs of a conv/linear
 layer, tied across residual additions), for methods that keep arbitrary channel subsets (TailorFL).

@@ -9,8 +9,11 @@ the step with p_i^2 <= r_i). Per layer, with T output and S input channels of th
 
 Local loss: CE + lambda sum_l mean((B_l B_l^T - I)^2). Server: the bases are averaged over all participants
 (weights n_k); every other entry (coefficients, biases, norms, head) only among the participants of the same width.
-The models of width p start as the prefix slice of the initial full model (so their composed weights are the
-prefix slices of the full ones). 'pre' is the trained model, 'post' the width's model with the new basis.
+Every width's model starts from its own default initialisation and the full model's basis (``narrow_init: own``,
+as the official FLANC code builds one model per width and syncs the filter banks); ``prefix`` starts it as the
+prefix slice of the initial full model instead, so that its composed weights are the prefix slices of the full ones
+(their variance then follows the full fan-in: a width-1/8 model's logits start about 3 times smaller). 'pre' is
+the trained model, 'post' the width's model with the new basis.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class FLANCHyper:
     basis_ratio: float  # R2 = floor(basis_ratio * T): filters in a layer's basis (authors: 0.25)
     basis_width: float  # R1 = basis_width * S: input channels of a basis filter (authors: p_min)
     width_step: float | None  # widths are multiples of this; null = p_min (authors' FLGo code)
+    narrow_init: str  # own: each width's own default init (official code) | prefix: prefix slice of the full init
+
+
+NARROW_INITS = ("own", "prefix")
 
 
 def basis_shape(width: float, hp: FLANCHyper) -> Any:
@@ -57,6 +64,8 @@ class FLANC(Method):
 
     def __init__(self, fed: Federation, hp: FLANCHyper) -> None:
         super().__init__(fed, hp)
+        if hp.narrow_init not in NARROW_INITS:
+            raise ValueError(f"method.narrow_init={hp.narrow_init!r} is not one of {', '.join(NARROW_INITS)}")
         self.width_rule, self.widths = fed.client_widths(WidthRule("multiple", hp.width_step))
 
     @classmethod
@@ -87,7 +96,9 @@ class FLANC(Method):
             if shapes != [e.shape for e in full.entries if e.name.endswith(".basis")]:
                 raise ValueError(f"FLANC: the bases of width {width} differ from the full model's: the width must "
                                  f"be a multiple of method.basis_width={self.hp.basis_width}")
-            self.state["models"][self.key(width)] = init[worker.positions_in(full)]
+            own = self.hp.narrow_init == "own" and width != 1.0
+            self.state["models"][self.key(width)] = (self.fed.initial_model(width, "flanc") if own
+                                                     else init[worker.positions_in(full)])
 
     def client_model(self, cid: int) -> torch.Tensor:
         width = self.widths[cid]

@@ -79,6 +79,50 @@ def test_flanc_replaces_every_body_layer_and_shares_bases_across_widths(tmp_path
     assert exp.method.widths == [0.25, 0.5, 0.75, 1.0]
 
 
+def composed_weight_scale(exp, width: float) -> list[float]:
+    """Per decomposed body layer of the width's model: var(W) x 3 fan_in (1 = PyTorch's default init at that
+    width)."""
+    worker = exp.fed.worker_for(width)
+    worker.load(exp.method.client_model(exp.method.widths.index(width)))
+    with torch.no_grad():
+        return [float(layer.weight().var() * 3 * layer.weight()[0].numel())
+                for layer in worker.module.modules() if isinstance(layer, Decomposed)]
+
+
+def test_flanc_narrow_models_start_from_their_own_init_by_default_or_as_the_full_models_prefix(tmp_path):
+    own, prefix = experiment(tmp_path, "flanc"), experiment(tmp_path, "flanc", "method.narrow_init=prefix")
+    narrowest = min(own.method.widths)
+    assert narrowest == 0.25
+    full = own.fed.worker
+    for width in (0.25, 0.5, 0.75):
+        worker = own.fed.worker_for(width)
+        keep = ~torch.isin(torch.arange(worker.size), own.method.basis_index(worker))
+        start = full.read()[worker.positions_in(full)]
+        torch.testing.assert_close(prefix.method.state["models"][f"{width:g}"], start, rtol=0, atol=0)
+        assert not torch.equal(own.method.state["models"][f"{width:g}"][keep], start[keep])
+        torch.testing.assert_close(own.method.state["models"][f"{width:g}"],
+                                   own.fed.initial_model(width, "flanc"), rtol=0, atol=0)
+    # every width shares the full model's basis and the full width keeps the run's initial model
+    for exp in (own, prefix):
+        for cid, width in enumerate(exp.method.widths):
+            worker = exp.fed.worker_for(width)
+            torch.testing.assert_close(exp.method.client_model(cid)[exp.method.basis_index(worker)],
+                                       full.read()[exp.method.basis_index(full)], rtol=0, atol=0)
+    torch.testing.assert_close(own.method.state["models"]["1"], full.read(), rtol=0, atol=0)
+    torch.testing.assert_close(own.fed.initial_model(0.25, "flanc"), prefix.fed.initial_model(0.25, "flanc"))
+    assert not torch.equal(own.fed.initial_model(0.25, "flanc"), own.fed.initial_model(0.25, "other"))
+    # own: the composed weights have the default variance of their own width; prefix: of the full width (times p
+    # in every layer whose inputs were narrowed, i.e. all but the first)
+    own_scale, prefix_scale = composed_weight_scale(own, 0.25), composed_weight_scale(prefix, 0.25)
+    assert all(0.5 < s < 2.0 for s in own_scale), own_scale
+    assert all(0.1 < s < 0.5 for s in prefix_scale[1:]), prefix_scale
+
+
+def test_flanc_refuses_an_unknown_narrow_init(tmp_path):
+    with pytest.raises(ValueError, match="method.narrow_init='slice' is not one of own, prefix"):
+        experiment(tmp_path, "flanc", "method.narrow_init=slice")
+
+
 # ----------------------------------------------------------------------------------------------- pFedHN
 def tiny_hn(clients: int = 3) -> HyperNet:
     hp = PFedHNHyper(embed_dim=None, hidden_dim=5, hidden_layers=2, lr=0.1, momentum=0.0, weight_decay=0.0,

@@ -38,6 +38,14 @@ class WorkerFactory:
             self._workers[width] = FlatModel(module.to(full.vector.device))
         return self._workers[width]
 
+    def initial(self, width: float, seed: int) -> torch.Tensor:
+        """A freshly built model of ``width`` under ``seed``, flat in the layout of that width's worker."""
+        worker = self(width)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = self._build(float(width))
+        return FlatModel(module.to(worker.vector.device)).vector
+
 
 @dataclass(frozen=True)
 class Federation:
@@ -95,6 +103,13 @@ class Federation:
         if self.workers is None:
             raise ValueError("this federation has no worker factory: build it with bench.builder")
         return self.workers(width)
+
+    def initial_model(self, width: float, *path: object) -> torch.Tensor:
+        """A model of ``width`` with its own default initialisation (not a slice of the full model), seeded by the
+        run's seed, the width and ``path`` (a label of the caller); flat in the layout of ``worker_for(width)``."""
+        if self.workers is None:
+            raise ValueError("this federation has no worker factory: build it with bench.builder")
+        return self.workers.initial(width, derive_seed(self.seed, "init", float(width), *path))
 
     def lr_at(self, round_: int) -> float:
         """The local learning rate of round ``round_`` (1-based): ``lr * lr_decay^(round - 1)``."""

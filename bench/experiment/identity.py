@@ -81,6 +81,7 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "method.relu_logits": _equals(False),  # pFedGate's
     "method.score_levels": lambda value: value is None,  # pFedGate's
     "method.straight_through": _equals(False),  # pFedGate's
+    "method.narrow_init": _equals("prefix"),  # FLANC's
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }
