@@ -96,3 +96,11 @@ def test_the_dry_run_prints_the_cost_and_writes_no_run(tmp_path: Path, capsys: p
     assert table_main([str(spec), "--scale", "paper", "--dry-run", "--no-cost", "--out-dir",
                        str(tmp_path / "runs")]) == 0
     assert "cost estimate" not in capsys.readouterr().out
+
+
+def test_a_method_sized_by_the_runs_federation_is_calibrated_on_the_calibrations(tmp_path: Path) -> None:
+    """Pa3dFL's R1 = p_min T comes from ``method.federation`` (the run's capacities): the calibration's 2 clients
+    have another p_min, so it must describe the calibration's federation, not the run's."""
+    cfg = _digits_config(tmp_path, "method=pa3dfl", "capacity.setting=hetero", "num_clients=20")
+    cal = cached_calibration(cfg, (1, 8, 10), 1, (40, 10))
+    assert cal.step_s > 0 and cal.eval_sample_s > 0

@@ -211,8 +211,11 @@ def synthetic_config(cfg: Mapping[str, Any], shape: tuple[int, int, int], per_cl
                "test_transform": cfg["dataset"].get("test_transform") or []}
     partition = {"scheme": "iid", "test_mode": "matched", "test_fraction": n_test / (n_train + n_test),
                  "val_fraction": val}
+    method = dict(cfg.get("method") or {})
+    if isinstance(method.get("federation"), Mapping):  # sized by the run's federation (Pa3dFL's p_min): by this one
+        method["federation"] = {**method["federation"], "num_clients": CAL_CLIENTS}
     return {**cfg, "dataset": dataset, "partition": partition, "num_clients": CAL_CLIENTS, "participation": 1.0,
-            "rounds": 1 + CAL_ROUNDS, "cache_dir": None}
+            "rounds": 1 + CAL_ROUNDS, "cache_dir": None, "method": method}
 
 
 def calibrate(cfg: Mapping[str, Any], shape: tuple[int, int, int], threads: int,
