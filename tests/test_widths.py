@@ -18,7 +18,7 @@ from bench.core.models import build_model
 from bench.core.records import RunDir
 from bench.experiment.compose import to_container
 from bench.experiment.run import execute, run_dir_for
-from tests.helpers import config
+from tests.helpers import config, federation
 
 TOY = ["imports=[tests.toy_methods]", "method=fedavg"]
 
@@ -172,3 +172,11 @@ def test_a_method_adds_a_head_and_checkpoints_a_server_module_with_its_optimizer
     assert whole == resumed and '"gate_weight"' in whole
     state = experiment.method.state_dict()
     assert set(state["server"]["opt"]) == {"state", "param_groups"}  # the optimizer's own state dict
+
+
+def test_a_federation_built_without_a_worker_factory_says_how_to_get_one():
+    fed = federation(nn.Linear(3, 2), num_clients=2)
+    assert fed.worker_for(1.0) is fed.worker  # the full worker needs no factory
+    for ask in (lambda: fed.worker_for(0.5), lambda: fed.initial_model(0.5, "flanc")):
+        with pytest.raises(ValueError, match="no worker factory: build it with bench.builder"):
+            ask()

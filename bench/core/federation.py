@@ -31,20 +31,20 @@ class WorkerFactory:
         if not 0.0 < width <= 1.0:
             raise ValueError(f"a worker's width must be in (0, 1], got {width}")
         if width not in self._workers:
-            full = self._workers[1.0]
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(0, "worker", width))
-                module = self._build(width)
-            self._workers[width] = FlatModel(module.to(full.vector.device))
+            self._workers[width] = self._seeded_build(width, derive_seed(0, "worker", width))
         return self._workers[width]
 
     def initial(self, width: float, seed: int) -> torch.Tensor:
         """A freshly built model of ``width`` under ``seed``, flat in the layout of that width's worker."""
-        worker = self(width)
+        self(width)  # validates the width (and builds its worker once)
+        return self._seeded_build(float(width), seed).vector
+
+    def _seeded_build(self, width: float, seed: int) -> FlatModel:
+        """``build(width)`` under ``seed``, leaving the global RNG as it was, on the full worker's device."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            module = self._build(float(width))
-        return FlatModel(module.to(worker.vector.device)).vector
+            module = self._build(width)
+        return FlatModel(module.to(self._workers[1.0].vector.device))
 
 
 @dataclass(frozen=True)
@@ -100,16 +100,17 @@ class Federation:
         """The worker of ``width`` (a multiplier of every hidden width; 1 = the full model), built once."""
         if float(width) == 1.0:
             return self.worker
-        if self.workers is None:
-            raise ValueError("this federation has no worker factory: build it with bench.builder")
-        return self.workers(width)
+        return self._worker_factory()(width)
 
     def initial_model(self, width: float, *path: object) -> torch.Tensor:
         """A model of ``width`` with its own default initialisation (not a slice of the full model), seeded by the
         run's seed, the width and ``path`` (a label of the caller); flat in the layout of ``worker_for(width)``."""
+        return self._worker_factory().initial(width, derive_seed(self.seed, "init", float(width), *path))
+
+    def _worker_factory(self) -> WorkerFactory:
         if self.workers is None:
             raise ValueError("this federation has no worker factory: build it with bench.builder")
-        return self.workers.initial(width, derive_seed(self.seed, "init", float(width), *path))
+        return self.workers
 
     def lr_at(self, round_: int) -> float:
         """The local learning rate of round ``round_`` (1-based): ``lr * lr_decay^(round - 1)``."""
