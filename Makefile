@@ -18,7 +18,7 @@ TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basena
 SETUP_ONLY := fedcac-fig1a fedcac-fig1b fedcac-fig8
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci crosscheck-table efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect $(TABLES)
+.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci crosscheck-table efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect claims $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
@@ -37,7 +37,8 @@ help:
 	@echo "             SCALE=mini|medium|paper LAUNCHER=local|slurm|inline SEEDS=\"0 1\" DATA_ROOT=... ARGS=\"device=cuda\""
 	@echo "             targets: $(TABLES)"
 	@echo "make tables  every table and figure above (finished cells are reused)"
-	@echo "make collect rewrite every table from the runs that exist (trains nothing)"
+	@echo "make collect rewrite every table from the runs that exist (trains nothing), then the claims ledgers"
+	@echo "make claims  a verdict per pre-registered claim of each paper -> results/<paper>/[<scale>/]claims.{json,md}"
 	@echo "make plots   every figure from run records -> results/<paper>/figures/ (PNG + PDF)"
 	@echo "make pa3dfl-table9  Pa3dFL's hypernetwork cost per round (Table 9) -> results/pa3dfl/table9.md (about 35 min)"
 	@echo "make efficiency  FLOPs, peak memory, model size per capacity method and width -> results/pa3dfl/"
@@ -130,6 +131,10 @@ tables: $(filter-out $(SETUP_ONLY),$(TABLES))
 
 collect: setup
 	$(PY) -m bench.experiment.collect $(SPECS) --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.claims --scale $(strip $(SCALE))
+
+claims: setup
+	$(PY) -m bench.experiment.claims --scale $(strip $(SCALE))
 
 plots: setup
 	$(PY) -m bench.experiment.plots --scale $(strip $(SCALE))

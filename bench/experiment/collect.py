@@ -23,6 +23,7 @@ import yaml
 
 from bench.core.records import RunDir
 from bench.core.summary import chance_verdict, final_eval, pick
+from bench.experiment.claims import annotate
 from bench.experiment.provenance import is_stale, run_code
 from bench.experiment.spec import (
     PROTOCOL_KEYS,
@@ -153,6 +154,8 @@ def collect(spec: dict[str, Any], scale: str, dirs: dict[Cell, Path]) -> tuple[p
     frame.attrs["paired"] = paired_differences(spec.get("compare"), values, [c.name for c in columns],
                                                [r["name"] for r in spec["rows"]], published)
     frame.attrs["ordering"] = orderings(frame)
+    frame.attrs["seed_values"] = {key: dict(seeds) for key, seeds in values.items()}  # (row, column) -> seed -> acc
+    annotate(spec, scale, frame, dirs)  # marks and tau only where the ledger's preconditions hold
     return frame, problems
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.experiment.claims import mark, precondition_names
 from bench.experiment.result import (
     Block,
     Result,
@@ -187,11 +188,24 @@ def measured_note(spec: dict[str, Any], scale: str) -> list[str]:
     return [line]
 
 
+#: what the marks of a paired difference mean (docs/claims.md)
+MARKS = ("✓ same sign as the paper and a size within the ledger's factor, ✗ opposite sign, ✗! opposite sign beyond "
+         "noise (the interval excludes zero); no mark where the column cannot test the paper's claim (the failed "
+         "precondition is named: stand-in, headroom, unconverged, inert, baseline suspect) or the sign agrees but "
+         "not the size (sign only)")
+
+
+def tau_text(o: dict[str, Any]) -> str:
+    """Kendall's tau of a column, or why the column cannot test the paper's ordering."""
+    if o.get("untestable"):
+        return f"τ not shown (cannot test: {precondition_names(o['untestable'])})"
+    return "τ = n/a" if o["tau"] is None or math.isnan(o["tau"]) else f"τ = {o['tau']:+.2f}"
+
+
 def _paired_cell(p: dict[str, Any]) -> str:
     interval = "" if math.isnan(p["ci_low"]) else f" [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"
-    mark = "" if p["agrees"] is None else " ✓" if p["agrees"] else " ✗!" if p["contradicts"] else " ✗"
     paper = "" if math.isnan(p["paper_diff"]) else f" (paper {p['paper_diff']:+.2f})"
-    return f"{p['mean_diff']:+.2f}{interval}{paper}{mark}"
+    return f"{p['mean_diff']:+.2f}{interval}{paper}{mark(p)}"
 
 
 def comparisons(frame: pd.DataFrame) -> list[Block]:
@@ -218,11 +232,10 @@ def comparisons(frame: pd.DataFrame) -> list[Block]:
         table.index.name = f"{row} minus"
         level = round(100 * paired[0]["confidence"])
         blocks += [paragraph(f"{row} minus each other row, mean of the paired differences [{level}% t-interval] "
-                             "(the paper's difference); ✓ same sign as the paper, ✗ opposite sign, ✗! opposite sign "
-                             "beyond noise (the interval excludes zero):", "paired"), frame_grid(table, "paired")]
+                             f"(the paper's difference); {MARKS}:", "paired"), frame_grid(table, "paired")]
     ordering = frame.attrs.get("ordering", [])
     if ordering:
-        blocks.append(bullets([f"{o['column']}: τ = {o['tau']:+.2f} over {o['rows']} rows; best here "
+        blocks.append(bullets([f"{o['column']}: {tau_text(o)} over {o['rows']} rows; best here "
                                f"{o['ours_best']}, in the paper {o['paper_best']}" for o in ordering],
                               "Ordering of the rows against the paper's (Kendall's τ over the rows with both "
                               "numbers; 1 = same order, −1 = reversed):", "ordering"))

@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench.experiment.render import is_secondary
+from bench.experiment.claims import mark
+from bench.experiment.render import MARKS, is_secondary, tau_text
 from bench.experiment.result import Result, esc
 from bench.experiment.spec import SCALE_FOLDERS
 
@@ -148,9 +149,8 @@ def paired_cell(p: dict[str, Any]) -> str:
     signs agree (✗! opposite beyond noise); missing parts (JSON null) are left out."""
     low, high, paper = _num(p.get("ci_low")), _num(p.get("ci_high")), _num(p.get("paper_diff"))
     interval = "" if math.isnan(low) or math.isnan(high) else f" [{low:+.2f}, {high:+.2f}]"
-    agrees = p.get("agrees")
-    mark = "" if agrees is None else " ✓" if agrees else " ✗!" if p.get("contradicts") else " ✗"
-    return f"{_num(p.get('mean_diff')):+.2f}{interval}" + ("" if math.isnan(paper) else f" (paper {paper:+.2f})") + mark
+    return (f"{_num(p.get('mean_diff')):+.2f}{interval}" + ("" if math.isnan(paper) else f" (paper {paper:+.2f})")
+            + mark(p))
 
 
 def comparisons_html(stats: dict[str, Any]) -> str:
@@ -177,8 +177,7 @@ def comparisons_html(stats: dict[str, Any]) -> str:
             cells = {(str(p["other"]), str(p["column"])): paired_cell(p) for p in every}
             level = round(100 * _num(every[0].get("confidence", 0.95)))
             out.append(f"<p>{esc(row)} minus each other row, mean of the paired differences [{level}% t-interval] "
-                       "(the paper's difference); ✓ same sign as the paper, ✗ opposite sign, ✗! opposite sign "
-                       "beyond noise (the interval excludes zero):</p>")
+                       f"(the paper's difference); {esc(MARKS)}:</p>")
             out.append('<div class="scroll"><table class="paired"><thead><tr>'
                        f'<th class="m">{esc(row)} minus</th>' + "".join(f"<th>{esc(c)}</th>" for c in columns)
                        + "</tr></thead><tbody>" + "".join(
@@ -190,8 +189,7 @@ def comparisons_html(stats: dict[str, Any]) -> str:
         out.append("<p>Ordering of the rows against the paper's (Kendall's τ over the rows with both numbers; "
                    "1 = same order, −1 = reversed):</p><ul>")
         for o in ordering:
-            tau = _num(o.get("tau"))
-            out.append(f"<li class=\"tau\">{esc(o['column'])}: τ = {'n/a' if math.isnan(tau) else f'{tau:+.2f}'} "
+            out.append(f"<li class=\"tau\">{esc(o['column'])}: {esc(tau_text({**o, 'tau': _num(o.get('tau'))}))} "
                        f"over {esc(o['rows'])} rows; best here {esc(o['ours_best'])}, in the paper "
                        f"{esc(o['paper_best'])}</li>")
         out.append("</ul>")

@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.experiment.claims import mark
 from bench.experiment.spec import SCALES, label, output_base, scale_block
 from bench.experiment.wandb_logger import wandb_safe
 
@@ -58,9 +59,7 @@ def _value(value: Any) -> Any:
 def sign(paired: Mapping[str, Any]) -> str:
     """The paper-sign flag of a paired difference, as ``bench.experiment.render`` prints it ("" without a paper
     difference)."""
-    if paired.get("agrees") is None:
-        return ""
-    return "✓" if paired["agrees"] else "✗!" if paired.get("contradicts") else "✗"
+    return mark(paired).strip()
 
 
 def table_rows(frame: pd.DataFrame, stats: Mapping[str, Any]) -> list[list[Any]]:
@@ -149,8 +148,8 @@ def log_table(results_dir: str | os.PathLike, paper: str, table: str, scale: str
         logged: dict[str, Any] = {
             "table": wandb.Table(columns=TABLE_COLUMNS, data=table_rows(frame, stats)),
             "ordering": wandb.Table(columns=["column", "kendall_tau", "rows", "ours_best", "paper_best"],
-                                    data=[[o["column"], _value(o["tau"]), o["rows"], o["ours_best"], o["paper_best"]]
-                                          for o in ordering])}
+                                    data=[[o["column"], None if o.get("untestable") else _value(o["tau"]), o["rows"],
+                                           o["ours_best"], o["paper_best"]] for o in ordering])}
         figures = output_base(paper, "figures", scale, results_dir)
         for png in sorted(figures.rglob("*.png")):
             logged[f"figures/{png.relative_to(figures).with_suffix('').as_posix()}"] = wandb.Image(str(png))
@@ -158,7 +157,8 @@ def log_table(results_dir: str | os.PathLike, paper: str, table: str, scale: str
         flags = [sign(p) for p in stats.get("paired", [])]
         run.summary.update({"cells": len(frame), "paired/agrees": flags.count("✓"),
                             "paired/disagrees": flags.count("✗"), "paired/contradicts": flags.count("✗!"),
-                            **{f"kendall_tau/{o['column']}": o["tau"] for o in ordering if o["tau"] is not None}})
+                            **{f"kendall_tau/{o['column']}": o["tau"] for o in ordering
+                               if o["tau"] is not None and not o.get("untestable")}})
     except BaseException:
         run.finish(exit_code=1)
         raise
