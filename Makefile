@@ -131,10 +131,10 @@ tables: $(filter-out $(SETUP_ONLY),$(TABLES))
 
 collect: setup
 	$(PY) -m bench.experiment.collect $(SPECS) --scale $(strip $(SCALE))
-	$(PY) -m bench.experiment.claims --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.ledger --scale $(strip $(SCALE))
 
 claims: setup
-	$(PY) -m bench.experiment.claims --scale $(strip $(SCALE))
+	$(PY) -m bench.experiment.ledger --scale $(strip $(SCALE))
 
 plots: setup
 	$(PY) -m bench.experiment.plots --scale $(strip $(SCALE))

@@ -29,7 +29,8 @@ UNCHECKED = ("fedc2i",)
 
 
 def test_every_paper_spec_is_covered():
-    every = sorted(p.relative_to(PAPER) for p in PAPER.glob("*/*.yaml") if not p.name.startswith("_"))
+    every = sorted(p.relative_to(PAPER) for p in PAPER.glob("*/*.yaml")
+                   if not p.name.startswith("_") and p.name != "claims.yaml")
     assert every == SPECS
 
 

@@ -6,14 +6,11 @@ along a sweep), each paired over seeds; a comparison is tested only where every 
 carries the paper's question, the column has headroom, the rows have converged, the mechanisms ran, the baselines
 are sound), otherwise it is ``cannot test`` and says which failed.
 
-Command line (reads runs, trains nothing; writes ``results/<paper>/[<scale>/]claims.{json,md}``)::
-
-    python -m bench.experiment.claims [fedcac pa3dfl ...] --scale medium [--out-dir runs] [--results results]
+The command line that writes the ledgers is :mod:`bench.experiment.ledger`.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -25,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bench.experiment.spec import PAPER_DIR, SCALES, Cell, output_base, output_columns, row_protocol, scale_block
+from bench.experiment.spec import PAPER_DIR, Cell, output_base, output_columns, row_protocol, scale_block
 from common.verified_io import atomic_write_text, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,29 +188,19 @@ class Evidence:
         return next(c.client for c in output_columns(self.spec, self.scale) if c.name == column)
 
 
-def gather(spec: dict[str, Any], scale: str, out_dir: str = "runs", results_dir: str = "results") -> Evidence:
-    """The evidence of ``spec`` at ``scale`` from the runs that exist (the table's manifest, else composed)."""
-    from bench.experiment.collect import collect
-    from bench.experiment.manifest import cell_dirs
-    from bench.experiment.spec import expand
-    from bench.experiment.tuning import with_tuned
-
-    spec = with_tuned(spec, scale, results_dir)
-    cells = expand(spec, scale, None, out_dir)
-    dirs = cell_dirs(spec, scale, cells, results_dir)
-    frame, _ = collect(spec, scale, dirs)
-    return evidence_of(spec, scale, frame, dirs)
-
-
 def evidence_of(spec: dict[str, Any], scale: str, frame: Any, dirs: dict[Cell, Path]) -> Evidence:
     """The evidence of a collected table (:func:`bench.experiment.collect.collect`'s frame and run directories)."""
-    from bench.experiment.collect import run_config
-
     methods = {}
     for cell, path in dirs.items():
         if cell.row not in methods and (path / "config.yaml").exists():
             methods[cell.row] = str(run_config(path).get("method", {}).get("name"))
     return Evidence(spec, scale, frame.attrs["seed_values"], frame, dirs, methods)
+
+
+def run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.yaml`` as plain data (libyaml where PyYAML has it)."""
+    text = (Path(path) / "config.yaml").read_text()
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -266,8 +253,6 @@ def convergence(points: Sequence[tuple[int, float]], conf: dict[str, Any]) -> st
 def diagnostic(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) -> tuple[bool, str] | None:
     """Whether the row's mechanism ran (its method's diagnostic of ``conf/claims.yaml``'s ``mechanisms``), with
     the value; None when its method declares none."""
-    from bench.experiment.collect import run_config
-
     method = evidence.methods.get(row)
     rule = conf["mechanisms"].get(method)
     if rule is None:
@@ -634,41 +619,6 @@ def precondition_names(untestable: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ ledger
 
-def ledger(paper: str, scale: str, out_dir: str = "runs", results_dir: str = "results",
-           conf: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every claim of ``paper`` with its verdict at ``scale``: ``{id, quote, section, scale, verdict, reason,
-    cells}``."""
-    conf = conf or thresholds()
-    evidence: dict[str, Evidence] = {}
-    entries = []
-    for claim in load_claims(paper):
-        entry = {"id": claim["id"], "quote": claim["quote"], "section": claim["section"], "scale": scale,
-                 "kind": claim["kind"], "spec": claim.get("spec")}
-        if claim.get("spec") is None:
-            entries.append({**entry, "verdict": "cannot test", "reason": f"not built: {claim['untestable']}",
-                            "cells": []})
-            continue
-        spec = _spec(paper, claim["spec"])
-        if scale != "paper" and not scale_block(spec, scale):
-            entries.append({**entry, "verdict": "cannot test",
-                            "reason": f"not built: {claim['spec']} has no {scale} scale (scales.{scale})",
-                            "cells": []})
-            continue
-        if claim["spec"] not in evidence:
-            evidence[claim["spec"]] = gather(spec, scale, out_dir, results_dir)
-        found = evidence[claim["spec"]]
-        if not any(found.values.values()) and not any(found.state(r["name"], c) for r in found.spec["rows"]
-                                                      for c in found.columns):
-            entries.append({**entry, "verdict": "cannot test", "cells": [],
-                            "reason": standin_of_claim(claim, found) or
-                            f"no runs: {claim['spec']} has no finished run at the {scale} scale here"})
-            continue
-        cells = comparisons(claim, found, conf)
-        verdict, reason = combine(cells)
-        entries.append({**entry, "verdict": verdict, "reason": reason, "cells": cells})
-    return entries
-
-
 def standin_of_claim(claim: dict[str, Any], evidence: Evidence) -> str | None:
     """The stand-in reason when every column of the claim at this scale fails it (it needs no runs)."""
     names = paper_column_names(evidence.spec) if claim.get("columns") == "all" else claim["columns"]
@@ -690,7 +640,7 @@ def summary_line(paper: str, scale: str, entries: Sequence[dict[str, Any]]) -> s
 def markdown(paper: str, scale: str, entries: Sequence[dict[str, Any]]) -> str:
     """The ledger as Markdown: the counts, then one row per claim and one line per comparison."""
     lines = [f"# Claims ledger: {paper}, {scale} scale", "", f"**{summary_line(paper, scale, entries)}**", "",
-             "Generated by `python -m bench.experiment.claims` from the run records and "
+             "Generated by `python -m bench.experiment.ledger` from the run records and "
              f"`conf/paper/{paper}/claims.yaml` (pre-registered); preconditions and thresholds: "
              "`conf/claims.yaml`, docs/claims.md.", "",
              "| claim | section | verdict | reason |", "|---|---|---|---|"]
@@ -725,28 +675,3 @@ def write_ledger(paper: str, scale: str, entries: Sequence[dict[str, Any]], resu
                       json.dumps(_json_safe(list(entries)), indent=1, allow_nan=False, ensure_ascii=False) + "\n")
     atomic_write_text(base.with_suffix(".md"), markdown(paper, scale, entries))
     return base.with_suffix(".json")
-
-
-def read_ledger(paper: str, scale: str, results_dir: str | Path = "results") -> list[dict[str, Any]] | None:
-    """A committed ledger, None when there is none."""
-    path = output_base(paper, "claims", scale, results_dir).with_suffix(".json")
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("papers", nargs="*", default=list(PAPERS), help=f"papers (default: all of {PAPERS})")
-    parser.add_argument("--scale", default="mini", choices=SCALES)
-    parser.add_argument("--out-dir", default="runs", help="where the run directories are")
-    parser.add_argument("--results", default="results", help="where the ledgers go")
-    args = parser.parse_args(argv)
-    for paper in args.papers:
-        if paper not in PAPERS:
-            parser.error(f"paper {paper!r} is not one of {', '.join(PAPERS)}")
-        entries = ledger(paper, args.scale, args.out_dir, args.results)
-        path = write_ledger(paper, args.scale, entries, args.results)
-        print(f"wrote {path}: {summary_line(paper, args.scale, entries)}")
-
-
-if __name__ == "__main__":
-    main()
