@@ -121,3 +121,14 @@ def scan_records(path: Path) -> RecordScan:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The intact records of a JSON-lines file up to its first damaged line (a torn last line is dropped)."""
     return scan_records(path).records
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN floats as None (strict JSON)."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value

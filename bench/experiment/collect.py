@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from bench.core.records import RunDir
+from bench.core.records import RunDir, run_config
 from bench.core.summary import chance_verdict, final_eval, pick
 from bench.experiment.claims import annotate
 from bench.experiment.provenance import is_stale, run_code
@@ -360,13 +360,6 @@ def orderings(frame: pd.DataFrame) -> list[dict[str, Any]]:
                         "ours_best": str(both.loc[both["mean"].idxmax(), "method"]),
                         "paper_best": str(both.loc[both["paper_mean"].idxmax(), "method"])})
     return out
-
-
-def run_config(path: Path) -> dict[str, Any]:
-    """A run's ``config.yaml`` as plain data. Read with libyaml where PyYAML has it: a table reads every run's
-    config, and OmegaConf's loader takes 15 times as long."""
-    text = RunDir(path).config.read_text()
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
 def run_imports(cfg: dict[str, Any]) -> tuple[str, ...]:

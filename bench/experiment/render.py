@@ -40,6 +40,7 @@ from bench.experiment.spec import (
     unmeasured_columns,
 )
 from common.verified_io import atomic_write_text
+from common.verified_io import json_safe as _json_safe
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -297,17 +298,6 @@ def result(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: Sequ
 def render(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str]) -> str:
     """Markdown: ours (mean ± std) and the paper's number side by side, per column."""
     return to_markdown(result(spec, scale, frame, problems))
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with NaN floats as None (strict JSON)."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def write_markdown_and_latex(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: list[str],
