@@ -192,6 +192,16 @@ def test_baseline_below_fedavg_where_the_paper_has_it_above(tmp_path: Path, monk
     assert any(f.startswith("baseline suspect: B is 20.00 below FedAvg") for f in failed)
 
 
+def test_unequal_tuning_budget(tmp_path: Path) -> None:
+    ev = _evidence(tmp_path, {"A": [90, 91], "B": [85, 85], "Local": [70, 70]},
+                   diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"self_weight_mean": 0.9}})
+    assert ledger.tuning_budget(ev, ["A", "B"]) is None  # no search: every row the same (none)
+    ev.spec = {**SPEC, "tuning": {"seeds": [100], "val_fraction": 0.2, "grid": {"B": {"method.lam": [0.1, 1.0]}}}}
+    assert ledger.tuning_budget(ev, ["A", "B"]) == "tuning budget: A searched over 1 point, B searched over 2 points"
+    failed = ledger.preconditions(ev, "C", ["A", "B"], ["B"], [], CONF)
+    assert any(f.startswith("tuning budget: A searched over 1 point") for f in failed)
+
+
 def test_baseline_that_did_not_train(tmp_path: Path) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91], "Local": [50, 50]}, state={"Local": "did not train"})
     ev.values.pop(("Local", "C"))

@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
+from bench.core.records import RunDir, run_config
 from bench.experiment.spec import PAPER_DIR, Cell, output_base, output_columns, row_protocol, scale_block
-from common.verified_io import atomic_write_text, read_jsonl
+from common.verified_io import atomic_write_text, json_safe, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLDS = ROOT / "conf" / "claims.yaml"
@@ -175,11 +176,15 @@ class Evidence:
         return str(hit.iloc[0]["state"]) if len(hit) else ""
 
     def runs(self, row: str, column: str) -> list[Path]:
+        """The complete runs of a row in a column, by seed (judged once)."""
         spec_column = self.spec_column(column)
-        from bench.core.records import RunDir
+        return self.memo("runs", row, spec_column, lambda: [
+            p for c, p in sorted(self.dirs.items(), key=lambda kv: kv[0].seed)
+            if c.row == row and c.column == spec_column and RunDir(p).summary_state() == "complete"])
 
-        return [p for c, p in sorted(self.dirs.items(), key=lambda kv: kv[0].seed)
-                if c.row == row and c.column == spec_column and RunDir(p).summary_state() == "complete"]
+    def records(self, run: Path) -> list[dict[str, Any]]:
+        """A run's round records, read once per evidence."""
+        return self.memo("records", str(run), "", lambda: read_jsonl(run / "rounds.jsonl"))
 
     def spec_column(self, column: str) -> str:
         return next(c.column for c in output_columns(self.spec, self.scale) if c.name == column)
@@ -197,18 +202,6 @@ def evidence_of(spec: dict[str, Any], scale: str, frame: Any, dirs: dict[Cell, P
     return Evidence(spec, scale, frame.attrs["seed_values"], frame, dirs, methods)
 
 
-def run_config(path: Path) -> dict[str, Any]:
-    """A run's ``config.yaml`` as plain data (libyaml where PyYAML has it)."""
-    text = (Path(path) / "config.yaml").read_text()
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-
-
-@functools.lru_cache(maxsize=4096)
-def records(run: Path) -> list[dict[str, Any]]:
-    """A run's round records (read once per ledger)."""
-    return read_jsonl(run / "rounds.jsonl")
-
-
 def curve(evidence: Evidence, row: str, column: str) -> list[tuple[int, float]]:
     """The row's mean test accuracy per evaluated round over its complete seeds (the row's protocol stage; a
     per-client column: that client's accuracy). A run that stopped early (its early-stopping rule fired) holds its
@@ -218,7 +211,7 @@ def curve(evidence: Evidence, row: str, column: str) -> list[tuple[int, float]]:
     per_run = []
     for run in evidence.runs(row, column):
         found: dict[str, dict[int, float]] = {}
-        for rec in records(run):
+        for rec in evidence.records(run):
             if rec.get("kind") == "eval" and rec["split"] == "test":
                 value = rec["mean_acc"] if client is None else rec["acc"][rec["clients"].index(client)]
                 found.setdefault(rec["stage"], {})[rec["round"]] = value
@@ -260,7 +253,7 @@ def diagnostic(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) 
     values, config = [], {}
     for run in evidence.runs(row, column):
         config = run_config(run)
-        found = [r for r in records(run) if r.get("kind") == "method" and rule["metric"] in r]
+        found = [r for r in evidence.records(run) if r.get("kind") == "method" and rule["metric"] in r]
         if not found:
             continue
         last = max(r["round"] for r in found)
@@ -344,6 +337,18 @@ def baseline(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) ->
     return None
 
 
+def tuning_budget(evidence: Evidence, rows: Sequence[str]) -> str | None:
+    """Why the rows did not get the same tuning budget: the spec's search (``tuning:``) gives them grids of
+    different sizes, an untuned row counting as one point (None when every row's budget is the same)."""
+    from bench.experiment.tuning import row_grids
+
+    grids = row_grids(evidence.spec, evidence.scale) if evidence.spec.get("tuning") else {}
+    points = {row: len(grids.get(row, [[]])) for row in rows}
+    if len(set(points.values())) <= 1:
+        return None
+    return "tuning budget: " + ", ".join(f"{row} searched over {n} point{'s' * (n != 1)}" for row, n in points.items())
+
+
 def paper_column(evidence: Evidence, column: str) -> str:
     """The paper-scale name of an output column (a per-client stand-in column maps by its paper setting)."""
     ours = next(c for c in output_columns(evidence.spec, evidence.scale) if c.name == column)
@@ -395,6 +400,9 @@ def preconditions(evidence: Evidence, column: str, rows: Sequence[str], others: 
                  if row in mechanism_rows or row in others else None)
         if shown is not None and not shown[0]:
             failed.append(f"{'inert' if row in mechanism_rows else 'baseline suspect (inert)'}: {shown[1]}")
+    reason = evidence.memo("tuning", ",".join(sorted(rows)), "", lambda: tuning_budget(evidence, rows))
+    if reason:
+        failed.append(reason)
     for row in others:
         if row not in missing:
             reason = baseline(evidence, row, column, conf)
@@ -657,21 +665,11 @@ def markdown(paper: str, scale: str, entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def write_ledger(paper: str, scale: str, entries: Sequence[dict[str, Any]], results_dir: str = "results") -> Path:
     """``results/<paper>/[<scale>/]claims.json`` and ``claims.md``, written atomically; returns the JSON path."""
     base = output_base(paper, "claims", scale, results_dir)
     base.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(base.with_suffix(".json"),
-                      json.dumps(_json_safe(list(entries)), indent=1, allow_nan=False, ensure_ascii=False) + "\n")
+                      json.dumps(json_safe(list(entries)), indent=1, allow_nan=False, ensure_ascii=False) + "\n")
     atomic_write_text(base.with_suffix(".md"), markdown(paper, scale, entries))
     return base.with_suffix(".json")
