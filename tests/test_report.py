@@ -229,8 +229,9 @@ def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) ->
 
     paired = [{"column": "C1", "row": "FedX", "other": "FedAvg", "best_other": "FedAvg", "seeds": 2, "mean_diff": 2.0,
                "std_diff": NAN, "ci_low": NAN, "ci_high": NAN, "confidence": 0.95, "higher_in": 2,
-               "paper_diff": 5.0, "agrees": True, "contradicts": False}]
-    ordering = [{"column": "C1", "rows": 2, "tau": NAN, "ours_best": "FedX", "paper_best": "FedX"}]
+               "paper_diff": 5.0, "agrees": True, "contradicts": False, "untestable": None}]  # as collect writes
+    ordering = [{"column": "C1", "rows": 2, "tau": NAN, "ours_best": "FedX", "paper_best": "FedX",
+                 "untestable": None}]
     frame = frame_of([("FedAvg", "C1", 80.0, 1.0, 2, 70.0, NAN), ("FedX", "C1", 82.0, 1.0, 2, 75.0, NAN)],
                      paired=paired, ordering=ordering)
     spec = spec_of("delta", "1", ["FedAvg", "FedX"])
@@ -245,6 +246,25 @@ def test_rerender_from_csv_and_stats_equals_the_written_table(tmp_path: Path) ->
         rerender(spec, "mini", tmp_path)
     with pytest.raises(FileNotFoundError, match="write the table first"):
         rerender(spec_of("epsilon", "1", ["FedAvg"]), "mini", tmp_path)
+
+
+def test_a_table_collected_before_the_ledger_rerenders_without_its_unchecked_marks(tmp_path: Path) -> None:
+    from bench.experiment.claims import UNCHECKED
+    from bench.experiment.render import rerender
+
+    paired = [{"column": "C1", "row": "FedX", "other": "FedAvg", "best_other": "FedAvg", "seeds": 2, "mean_diff": 2.0,
+               "std_diff": NAN, "ci_low": 1.0, "ci_high": 3.0, "confidence": 0.95, "higher_in": 2,
+               "paper_diff": 5.0, "agrees": True, "contradicts": False}]  # no "untestable": before the ledger
+    frame = frame_of([("FedAvg", "C1", 80.0, 1.0, 2, 70.0, NAN), ("FedX", "C1", 82.0, 1.0, 2, 75.0, NAN)],
+                     paired=paired, ordering=[])
+    spec = {**spec_of("delta", "1", ["FedAvg", "FedX"]), "columns": [{"name": "C1", "dataset": "fmnist"}]}
+    md = write_table(spec, "mini", frame, [], tmp_path)
+    assert "| +2.00 [+1.00, +3.00] (paper +5.00) ✓ |" in md.read_text()
+    rerender(spec, "mini", tmp_path)
+    assert "| +2.00 [+1.00, +3.00] (paper +5.00) (cannot test: unchecked) |" in md.read_text()
+    stats = json.loads(md.with_suffix(".stats.json").read_text())
+    assert [p["untestable"] for p in stats["paired"]] == [UNCHECKED]
+    assert stats["paired"][0]["agrees"] is None
 
 
 def test_a_figures_caption_file_is_shown_under_it(tmp_path: Path) -> None:

@@ -611,6 +611,22 @@ def annotate(spec: dict[str, Any], scale: str, frame: Any, dirs: dict[Cell, Path
         o["untestable"] = "; ".join(failed) or None
 
 
+#: why a table collected before the ledger carries no mark where its stand-in passes (its runs were not checked)
+UNCHECKED = "unchecked: collected before the claims ledger (re-collect it from its runs)"
+
+
+def annotate_collected(spec: dict[str, Any], scale: str, frame: Any) -> None:
+    """Gate the marks of a table collected before the ledger (its statistics have no ``untestable``), in place:
+    the stand-in precondition needs no runs; every other one does, so such a mark is :data:`UNCHECKED`."""
+    entries = [e for e in [*frame.attrs.get("paired", []), *frame.attrs.get("ordering", [])] if "untestable" not in e]
+    spec_column = {c.name: c.column for c in output_columns(spec, scale)} if entries else {}
+    for entry in entries:
+        column = spec_column.get(entry["column"], entry["column"])
+        entry["untestable"] = standin(spec, scale, column) or UNCHECKED
+        if "agrees" in entry:
+            entry["agrees"], entry["contradicts"] = None, False
+
+
 def mark(p: dict[str, Any]) -> str:
     """The mark of a paired difference: ✓ / ✗ / ✗! where it can test the paper's sign (and size), else why not."""
     if p.get("untestable"):

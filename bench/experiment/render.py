@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.experiment.claims import mark, precondition_names
+from bench.experiment.claims import annotate_collected, mark, precondition_names
 from bench.experiment.result import (
     Block,
     Result,
@@ -341,7 +341,8 @@ _NUMERIC_STATS = ("mean_diff", "std_diff", "ci_low", "ci_high", "paper_diff", "t
 
 def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> Path:
     """Rewrite the Markdown and LaTeX of a table that ``write_table`` wrote, from its CSV and ``.stats.json``, and
-    the result in its ``.stats.json`` (its statistics kept as they are); returns the Markdown path. A table with
+    the result in its ``.stats.json`` (its statistics kept as they are, marks gated by
+    :func:`~bench.experiment.claims.annotate_collected`); returns the Markdown path. A table with
     stale, diverged or unaveraged cells cannot be: those marks live in the runs, not the CSV
     (``python -m bench.experiment.table`` re-collects it)."""
     base = output_base(spec["paper"], label(spec), scale, results_dir)
@@ -367,8 +368,10 @@ def rerender(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = 
         if key != "result":
             frame.attrs[key] = entries
     frame.attrs.update(stale_cells=[], diverged_cells=[], untrained_cells=[], stale=[])
+    annotate_collected(spec, scale, frame)  # a table collected before the claims ledger: no unchecked marks
     table = write_markdown_and_latex(spec, scale, frame, [], base)
-    write_statistics(base, {**stats, "result": table.as_json()})
+    gated = {key: frame.attrs[key] for key in ("paired", "ordering") if key in stats}
+    write_statistics(base, {**stats, **gated, "result": table.as_json()})
     return base.with_suffix(".md")
 
 
