@@ -18,12 +18,13 @@ TABLES   := $(foreach s,$(SPECS),$(notdir $(patsubst %/,%,$(dir $(s))))-$(basena
 SETUP_ONLY := fedcac-fig1a fedcac-fig1b fedcac-fig8
 PAPERS   := fedcac pa3dfl fedc2i fedselect
 
-.PHONY: help setup fashion-mnist opencv-digits chromium demo test reliability lint bench scale crosscheck crosscheck-ci crosscheck-table efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect claims $(TABLES)
+.PHONY: help setup fashion-mnist opencv-digits chromium demo test test-fast reliability lint bench scale crosscheck crosscheck-ci crosscheck-table efficiency pa3dfl-table9 report report-screenshot wandb-tables clean-runs tables table2 plots collect claims $(TABLES)
 
 help:
 	@echo "make setup   create $(VENV) and install pflrepro with its dev tools (torch from pip)"
 	@echo "make demo    FedCAC Table 1, one column, vs its baselines beside the paper's numbers -> results/demo/index.html"
-	@echo "make test    the test suite (WANDB_MODE=offline)"
+	@echo "make test    the test suite on 2 processes (WANDB_MODE=offline; TEST_WORKERS=1 for one)"
+	@echo "make test-fast  the tests not marked slow (no training, no subprocesses): the loop while working"
 	@echo "make reliability  fault injection and bad inputs (part of make test too), with a summary table"
 	@echo "make lint    ruff"
 	@echo "make bench   engine vs naive loop, seconds per round -> results/bench/"
@@ -89,13 +90,19 @@ chromium:
 demo: setup
 	$(PY) scripts/demo.py --out results/demo
 
+# the suite on TEST_WORKERS processes (pytest-xdist; a test file stays on one worker, its fixtures shared)
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# what a developer runs while working: every test not marked slow (training, subprocesses), needs only the venv
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 reliability: setup
 	$(PY) scripts/reliability.py
 
-lint: setup
+lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 bench: setup

@@ -11,17 +11,40 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import methods
+from bench.builder import build_experiment
 from bench.core.engine import Federation, Method, hyperparameters
 from bench.core.flat import FlatModel
-from bench.experiment.compose import compose_config
+from bench.core.records import RunDir
+from bench.experiment.compose import compose_config, to_container
 
 FAST = ["dataset=synthetic", "model=small_cnn", "partition=pathological", "num_clients=4", "rounds=3",
         "train.epochs=1", "train.batch_size=10", "train.lr=0.1", "quiet=true", "cache_dir=null",
         "logger.wandb.mode=disabled"]
+
+#: four clients of width 1/16, 3/8, 11/16 and 1 (capacity methods train narrow models; others ignore it)
+CAPACITY = ("capacity.setting=grid", "capacity.low=0.0625")
+#: per method, only what makes its mechanism reachable in a 4-round run of 4 clients (one without an entry runs
+#: with its defaults)
+SETUP: dict[str, tuple[str, ...]] = {
+    "flanc": CAPACITY,
+    "tailorfl": (*CAPACITY, "method.tune_every=1"),
+    "pfedgate": CAPACITY,
+    "pfedhn": (*CAPACITY, "method.inner_steps=2"),
+    "heterofl": (*CAPACITY, "model.options.norm=bn"),
+    "fedrolex": (*CAPACITY, "model.options.norm=bn"),
+    "fjord": (*CAPACITY, "model.options.norm=bn"),
+    "pa3dfl": (*CAPACITY, "method.embed_dim=4", "method.hidden_dim=8", "method.encoder_depth=2",
+               "partition.val_fraction=0.25", "train.grad_clip=10.0"),
+    "fedselect": ("method.ltn_iters=2", "method.ltn_epochs=1", "method.alt_epochs=1"),
+    "fedselect_cvpr": ("method.grow_every=1", "method.alt_epochs=1"),
+    "lotteryfl": ("method.acc_threshold=0.0",),
+    "fedbabu": ("method.finetune_epochs=1",),
+}
 
 
 def config(tmp_path: Path, *overrides: str) -> Any:
@@ -101,3 +124,35 @@ def script(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def records(path: Path) -> str:
+    return (path / "rounds.jsonl").read_text()
+
+
+class StopAfter:
+    """A round callback that interrupts the run after ``round_`` (a kill between records and checkpoint)."""
+
+    def __init__(self, round_: int) -> None:
+        self.round = round_
+
+    def on_round(self, round_, records) -> None:
+        if round_ == self.round:
+            raise KeyboardInterrupt
+
+    def on_end(self, summary) -> None:
+        pass
+
+
+def interrupted_then_resumed(tmp_path: Path, *overrides: str) -> tuple[str, str]:
+    """(records of an uninterrupted run, records of a run stopped after round 3 and resumed by a new process
+    state), both built through the experiment builder."""
+    cfg = to_container(config(tmp_path, *overrides, "rounds=4", "checkpoint.every_rounds=1"))
+    whole = RunDir(tmp_path / "whole")
+    build_experiment(cfg).engine(whole, "h").run()
+    broken = RunDir(tmp_path / "broken")
+    with pytest.raises(KeyboardInterrupt):
+        build_experiment(cfg).engine(broken, "h", [StopAfter(3)]).run()
+    assert '"round": 3' in records(broken.path)  # round 3's records were written, its checkpoint was not
+    build_experiment(cfg).engine(broken, "h").run()
+    return records(whole.path), records(broken.path)

@@ -18,7 +18,6 @@ from methods._decomposed import Decomposed, channel_groups
 from methods.pfedhn import HyperNet, PFedHNHyper, hypergradient
 from methods.tailorfl import swap
 from tests.helpers import central_difference, config
-from tests.test_widths import interrupted_then_resumed
 
 HETERO = ("capacity.setting=grid", "capacity.low=0.0625")  # r = 1/16, 3/8, 11/16, 1
 FAST = {"flanc": (), "tailorfl": ("method.tune_every=1",), "pfedgate": (), "pfedhn": ("method.inner_steps=2",)}
@@ -397,11 +396,10 @@ WIDTHS = {"flanc": [0.25, 0.5, 0.75, 1.0], "tailorfl": [0.25, 0.5625, 0.8125, 1.
 
 
 @pytest.mark.parametrize("name", sorted(FAST))
-def test_every_method_runs_with_hetero_capacities_and_resumes_to_identical_records(tmp_path, name):
-    summary = execute(config(tmp_path / "short", f"method={name}", *HETERO, *FAST[name], "rounds=2"))
+def test_every_method_records_the_widths_its_clients_train(tmp_path, name):
+    """(Resume to identical records: test_method_contract.)"""
+    summary = execute(config(tmp_path / "short", f"method={name}", *HETERO, *FAST[name], "rounds=1"))
     assert summary["capacity"]["width"] == WIDTHS[name]
-    whole, resumed = interrupted_then_resumed(tmp_path, f"method={name}", *HETERO, *FAST[name])
-    assert whole == resumed and '"stage": "post"' in whole and '"round": 4' in whole
 
 
 @pytest.mark.parametrize("name", ["cnn_fmnist", "resnet8"])

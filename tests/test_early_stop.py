@@ -12,8 +12,7 @@ from bench.core.records import RunDir
 from bench.core.summary import early_stop
 from bench.experiment.compose import to_container
 from bench.experiment.run import config_hash, execute, run_dir_for
-from tests.helpers import config
-from tests.test_widths import StopAfter, records
+from tests.helpers import StopAfter, config, records
 
 VAL = ("partition.val_fraction=0.25", "eval.primary.selection=best_val")
 

@@ -317,13 +317,13 @@ def test_fedproto_uploads_class_means_and_keeps_models_local(source):
 # ---------------------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("overrides", [["method=fedc2i"], ["method=fedc2i", "method.extractor=fedavg"],
                                        ["method=fedrod"], ["method=fedproto", "method.prediction=nearest"]])
-def test_each_method_runs_end_to_end_and_reruns_identically(tmp_path, overrides):
-    first = execute(config(tmp_path / "a", *overrides, "rounds=2", "checkpoint.every_rounds=1"))
-    second = execute(config(tmp_path / "b", *overrides, "rounds=2"))
-    assert first["complete"] and first["results"] == second["results"]
+def test_each_option_runs_end_to_end_and_fedc2i_records_its_influence(tmp_path, overrides):
+    """(Resume and rerun of the defaults: test_method_contract.)"""
+    first = execute(config(tmp_path / "a", *overrides, "rounds=2"))
+    assert first["complete"] and all(math.isfinite(r["acc"]) for r in first["results"])
     if overrides[0] == "method=fedc2i":
         records = method_records(tmp_path / "a")
-        assert [r["round"] for r in records] == [1, 2] and records == method_records(tmp_path / "b")
+        assert [r["round"] for r in records] == [1, 2]
         for r in records:
             assert r["influence_clients"] == [0, 1, 2, 3]
             for vector, matrix in zip(r["influence"], r["class_influence"], strict=True):

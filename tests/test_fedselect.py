@@ -3,7 +3,6 @@ torchvision-cache pretrained weights, on tiny hand-checkable cases plus end-to-e
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,13 @@ from bench.core.engine import ClientRound, Federation, hyperparameters
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
 from bench.core.pretrained import load_pretrained_source, resolve_pretrained, torch_home
-from bench.experiment.run import execute, to_container
+from bench.experiment.run import to_container
 from datasets.augment import build_transform
 from datasets.sources import load_source
 from methods._masked import select_top, top_count
 from methods.fedselect_cvpr import grow, is_growth_round
 from methods.lgfedavg import local_layers_mask
-from tests.helpers import config
+from tests.helpers import SETUP, config
 
 TRAIN = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, "epochs": 1, "batch_size": 4}
 SELECT = dict(maskable="weights", ranking="per_tensor", alt_epochs=1, alt_schedule="interleaved", weighting="uniform",
@@ -483,28 +482,13 @@ def test_fedalt_alternates_head_and_body_and_keeps_the_head_local():
     torch.testing.assert_close(m.client_model(1)[~head], ((a + b) / 2)[~head])
 
 
-# ------------------------------------------------------------------------------------------ end to end
-FAST = {"fedselect": ["method.ltn_iters=2", "method.ltn_epochs=1", "method.alt_epochs=1"],
-        "fedselect_cvpr": ["method.grow_every=1", "method.alt_epochs=1"],
-        "lotteryfl": ["method.acc_threshold=0.0"], "fedbabu": ["method.finetune_epochs=1"]}
-
-
-@pytest.mark.parametrize("name", ["fedselect", "fedselect_cvpr", "lgfedavg", "lotteryfl", "ditto", "fedbabu",
-                                  "fedalt"])
-def test_each_new_method_runs_end_to_end_and_reruns_identically(tmp_path, name):
-    extra = FAST.get(name, [])
-    first = execute(config(tmp_path / "a", f"method={name}", "rounds=2", "checkpoint.every_rounds=1", *extra))
-    second = execute(config(tmp_path / "b", f"method={name}", "rounds=2", *extra))
-    assert first["complete"] and first["results"] == second["results"]
-    assert all(math.isfinite(r["acc"]) for r in first["results"])
-
-
+# ------------------------------------------------------------- checkpointed state (end to end: test_method_contract)
 @pytest.mark.parametrize("name", ["fedselect", "fedselect_cvpr", "lotteryfl", "ditto"])
 def test_state_round_trips_through_a_checkpoint(tmp_path, name):
     """Round 3 after restoring round 2's saved state equals round 3 of an uninterrupted run, records and state."""
     import io
 
-    cfg = to_container(config(tmp_path, f"method={name}", *FAST.get(name, [])))
+    cfg = to_container(config(tmp_path, f"method={name}", *SETUP.get(name, ())))
 
     def experiment():
         exp = builder.build_experiment(cfg)

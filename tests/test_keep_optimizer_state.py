@@ -17,8 +17,7 @@ from bench.experiment.compose import to_container
 from bench.experiment.run import execute, run_dir_for, validate
 from common.seeding import generator
 from common.verified_io import load_verified
-from tests.helpers import config
-from tests.test_widths import interrupted_then_resumed
+from tests.helpers import config, interrupted_then_resumed
 
 MOMENTUM = ("train.momentum=0.9", "train.weight_decay=0.0")
 KEEP = ("train.keep_optimizer_state=true",)

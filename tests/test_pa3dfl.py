@@ -22,8 +22,7 @@ from bench.experiment.compose import to_container
 from bench.experiment.run import config_hash, execute
 from methods.pa3dfl import FlancLayer, HyperNet, Pa3dFL, Pa3dFLHyper, Pa3dLayer, pa3d_layers
 from methods.pfedhn import hypergradient
-from tests.helpers import central_difference, config
-from tests.test_widths import interrupted_then_resumed
+from tests.helpers import central_difference, config, interrupted_then_resumed
 
 ROOT = Path(__file__).resolve().parent.parent
 HETERO = ("capacity.setting=grid", "capacity.low=0.0625")  # r = 1/16, 3/8, 11/16, 1 -> p = 1/4, 1/2, 3/4, 1

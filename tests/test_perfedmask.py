@@ -131,10 +131,10 @@ def test_local_training_touches_only_masked_blocks_and_post_fine_tunes_everythin
 
 
 @pytest.mark.parametrize("budget", ["1.0", "[0.3,1.0]"])
-def test_end_to_end_and_identical_rerun(tmp_path: Path, budget: str):
+def test_the_budget_sets_the_trained_fraction_end_to_end(tmp_path: Path, budget: str):
+    """(Resume and rerun: test_method_contract.)"""
     a = execute(config(tmp_path / "a", "method=perfedmask", "rounds=3", f"method.budget={budget}"))
-    b = execute(config(tmp_path / "b", "method=perfedmask", "rounds=3", f"method.budget={budget}"))
-    assert a["complete"] and a["results"] == b["results"]
+    assert a["complete"]
     rounds = [json.loads(line) for line in next((tmp_path / "a").rglob("rounds.jsonl")).read_text().splitlines()]
     method = [r for r in rounds if r["kind"] == "method"]
     assert len(method) == 3

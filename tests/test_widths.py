@@ -4,8 +4,6 @@ evaluates and resumes identically, and a method with a second head and a checkpo
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -15,10 +13,9 @@ from bench.core import engine
 from bench.core.aggregate import WeightedMean
 from bench.core.flat import FlatModel
 from bench.core.models import build_model
-from bench.core.records import RunDir
 from bench.experiment.compose import to_container
 from bench.experiment.run import execute, run_dir_for
-from tests.helpers import config, federation
+from tests.helpers import config, federation, interrupted_then_resumed, records
 
 TOY = ["imports=[tests.toy_methods]", "method=fedavg"]
 
@@ -80,43 +77,11 @@ def test_the_scattered_mean_averages_entries_over_their_holders_and_keeps_the_re
         mean.result(torch.float32)
 
 
-def records(path: Path) -> str:
-    return (path / "rounds.jsonl").read_text()
-
-
 def test_heterofl_style_training_with_every_client_at_full_width_equals_fedavg(tmp_path):
     fedavg = config(tmp_path / "a", "method=fedavg", "model.options.norm=bn")
     toy = config(tmp_path / "b", *TOY, "method.name=toy_widths", "+method.widths=[1.0]", "model.options.norm=bn")
     execute(fedavg), execute(toy)
     assert records(run_dir_for(to_container(fedavg))) == records(run_dir_for(to_container(toy)))
-
-
-class StopAfter:
-    """A round callback that interrupts the run after ``round_`` (a kill between records and checkpoint)."""
-
-    def __init__(self, round_: int) -> None:
-        self.round = round_
-
-    def on_round(self, round_, records) -> None:
-        if round_ == self.round:
-            raise KeyboardInterrupt
-
-    def on_end(self, summary) -> None:
-        pass
-
-
-def interrupted_then_resumed(tmp_path: Path, *overrides: str) -> tuple[str, str]:
-    """(records of an uninterrupted run, records of a run stopped after round 2 and resumed by a new process
-    state), both built through the experiment builder."""
-    cfg = to_container(config(tmp_path, *overrides, "rounds=4", "checkpoint.every_rounds=1"))
-    whole = RunDir(tmp_path / "whole")
-    build_experiment(cfg).engine(whole, "h").run()
-    broken = RunDir(tmp_path / "broken")
-    with pytest.raises(KeyboardInterrupt):
-        build_experiment(cfg).engine(broken, "h", [StopAfter(3)]).run()
-    assert '"round": 3' in records(broken.path)  # round 3's records were written, its checkpoint was not
-    build_experiment(cfg).engine(broken, "h").run()
-    return records(whole.path), records(broken.path)
 
 
 @pytest.mark.parametrize("rolling", ["false", "true"])
