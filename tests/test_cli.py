@@ -15,6 +15,8 @@ from bench.experiment.run import execute, run_dir_for, to_container
 from common.verified_io import load_verified
 from tests.helpers import cli_args, config, wandb_records
 
+pytestmark = pytest.mark.slow  # runs the command line in new processes
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
 

@@ -18,7 +18,7 @@ from bench.experiment.run import to_container
 from tests.helpers import cli_args, config
 from tests.test_bad_inputs import BAD_INPUTS
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.slow]  # processes started, killed, restarted
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("PFL_DEBUG", "HYDRA_FULL_ERROR")}

@@ -15,6 +15,8 @@ from bench.experiment.run import execute, run_dir_for, validate
 from common.verified_io import load_verified
 from tests.helpers import config
 
+pytestmark = pytest.mark.slow  # trains federations of many clients
+
 #: a small federation with partial participation, checkpointed every round
 SMALL = ["num_clients=6", "participation=0.5", "rounds=3", "checkpoint.every_rounds=1", "eval.chance_z=null"]
 #: every per-client table goes to a file (a few KB in memory at most)

@@ -19,6 +19,8 @@ from bench.experiment.compose import to_container
 from bench.experiment.run import config_hash, execute, run_dir_for
 from tests.helpers import config
 
+pytestmark = pytest.mark.slow  # compiles and trains
+
 #: a small run that learns: the small CNN on embedded digits, 6 clients, Dirichlet(0.5), 8 rounds of 2 epochs.
 #: ``data_seed`` is fixed so that the seeds below change only the training randomness (init, shuffles), which
 #: is what a different rounding order (compiled kernels) can perturb; the partition stays the same.

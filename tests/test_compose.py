@@ -12,6 +12,8 @@ import bench.experiment.compose as compose_module
 from bench.experiment.compose import compose_config, sharing_compositions
 from bench.experiment.spec import SCALES, expand, load_spec
 
+pytestmark = pytest.mark.slow  # composes every cell of every spec
+
 PAPER_CONF = Path(__file__).resolve().parent.parent / "conf" / "paper"
 
 

@@ -40,6 +40,8 @@ from bench.experiment.partition import export_pfllib, rebuild_partition
 from datasets.sources import SOURCES
 from tests.helpers import script
 
+pytestmark = pytest.mark.slow  # trains both sides of cross-checks
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from demo import CONFIG, demo_spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the demo
+
 
 def accuracies(runs: Path) -> dict[str, list[float]]:
     """method -> each complete run's accuracy under its own protocol, read from its summary."""

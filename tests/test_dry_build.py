@@ -21,6 +21,8 @@ from bench.experiment.table import main as table_main
 from datasets.label_counts import LABEL_COUNTS, label_info_from_counts
 from datasets.partition import LabelInfo, Partition, PartitionError, make_partition
 
+pytestmark = pytest.mark.slow  # builds every paper cell's experiment
+
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ROOT / "conf" / "paper"
 SPECS = sorted(p.relative_to(PAPER) for p in [*PAPER.glob("*/table*.yaml"), *PAPER.glob("*/fig*.yaml")])

@@ -7,11 +7,15 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from bench.experiment.cells import run_cells
 from bench.experiment.identity import run_dir_for
 from bench.experiment.spec import cell_config, expand, load_spec
 from bench.experiment.tuning import tune
 from tests.helpers import script
+
+pytestmark = pytest.mark.slow  # trains the runs a table needs
 
 fit_rounds = script("fit_rounds")
 

@@ -17,6 +17,8 @@ from bench.experiment.launch import load_launcher
 from bench.experiment.spec import cell_config, expand, load_spec
 from tests.test_table import SPEC, spec_file
 
+pytestmark = pytest.mark.slow  # launches runs as processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

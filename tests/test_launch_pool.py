@@ -23,6 +23,8 @@ from methods.fedavg import FedAvg
 from tests.helpers import config
 from tests.test_table import SPEC, spec_file
 
+pytestmark = pytest.mark.slow  # starts pool workers
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = "imports=[tests.test_launch_pool]"  # loads the methods below into the workers
 

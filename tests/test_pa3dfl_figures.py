@@ -21,6 +21,8 @@ from bench.experiment.spec import cell_config, expand, load_spec
 from common.verified_io import atomic_write_json, atomic_write_text
 from scripts.pa3dfl import figures as figs
 
+pytestmark = pytest.mark.slow  # trains the figures' runs
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "pa3dfl" / "figures.py"
 

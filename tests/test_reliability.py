@@ -22,7 +22,7 @@ from common.verified_io import load_verified, save_verified
 from tests.helpers import config
 from tests.test_table import SPEC, spec_file
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.slow]  # processes started, killed, restarted
 ROOT = Path(__file__).resolve().parent.parent
 NAN = ("imports=[tests.failing_method]", "method=fedavg", "method.name=nan_in_round", "+method.nan_round=2")
 

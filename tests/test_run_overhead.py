@@ -16,6 +16,8 @@ from bench.core.evaluation import all_finite
 from bench.experiment.provenance import ROOT, _statements
 from bench.experiment.wandb_logger import wandb_requested
 
+pytestmark = pytest.mark.slow  # imports every module in new processes
+
 INF, NAN = float("inf"), float("nan")
 
 

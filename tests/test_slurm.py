@@ -26,6 +26,8 @@ from bench.experiment.spec import expand, load_spec
 from tests.helpers import cli_args, config
 from tests.test_table import SPEC, spec_file
 
+pytestmark = pytest.mark.slow  # submits jobs to the Slurm cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
