@@ -21,6 +21,7 @@ import pytest
 from bench.experiment import table as table_cli
 from bench.experiment import wandb_tables
 from bench.experiment.cells import run_cells
+from bench.experiment.claims import precondition_names
 from bench.experiment.spec import expand, load_spec
 from tests.helpers import wandb_records
 
@@ -118,8 +119,7 @@ def test_a_committed_table_is_logged_offline_and_reads_back_as_its_csv(tmp_path)
         assert (got["paired_ci_low"], got["paired_ci_high"]) == pytest.approx((p["ci_low"], p["ci_high"]))
         assert got["paper_paired_diff"] == pytest.approx(p["paper_diff"])
         if p.get("untestable"):  # the mark names the failed preconditions instead of a sign
-            names = ", ".join(dict.fromkeys(part.split(":")[0].strip() for part in p["untestable"].split("; ")))
-            assert got["sign"] == f"(cannot test: {names})"
+            assert got["sign"] == f"(cannot test: {precondition_names(p['untestable'])})"
         elif p.get("magnitude") == "sign only":
             assert got["sign"] == "(sign only)"
         else:
