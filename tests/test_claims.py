@@ -155,7 +155,7 @@ def _evidence(tmp_path: Path, finals: dict[str, list[float]], scale: str = "medi
 
 def test_all_preconditions_hold(tmp_path: Path) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91, 92], "B": [85, 86, 86], "Local": [70, 71, 70], "FedAvg": [80, 80, 81]},
-                   diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"self_weight_mean": 0.9}})
+                   diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"xi_top_share": 0.2, "self_weight_mean": 0.3}})
     assert ledger.preconditions(ev, "C", ["A", "B"], ["B"], ["A"], CONF) == []
 
 
@@ -177,15 +177,16 @@ def test_unconverged_row(tmp_path: Path) -> None:
 
 def test_inert_mechanism_and_inert_baseline(tmp_path: Path) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91], "B": [85, 85], "Local": [70, 70]},
-                   diagnostics={"A": {"collaborators_mean": 0.0}, "B": {"self_weight_mean": 0.81}})
+                   diagnostics={"A": {"collaborators_mean": 0.0},
+                                "B": {"xi_top_share": 1 / 19, "self_weight_mean": 0.81}})
     failed = ledger.preconditions(ev, "C", ["A", "B"], ["B"], ["A"], CONF)
     assert any(f.startswith("inert: A: collaborators per client 0.000") for f in failed)
-    assert any(f.startswith("baseline suspect (inert): B") and "floor 0.810" in f for f in failed)
+    assert any(f.startswith("baseline suspect (inert): B") and "1.000 x uniform" in f for f in failed)
 
 
 def test_baseline_below_fedavg_where_the_paper_has_it_above(tmp_path: Path, monkeypatch) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91], "B": [60, 61], "Local": [50, 50], "FedAvg": [80, 81]},
-                   diagnostics={"B": {"self_weight_mean": 0.9}})
+                   diagnostics={"B": {"xi_top_share": 0.2, "self_weight_mean": 0.3}})
     monkeypatch.setattr("bench.experiment.spec.paper_numbers",
                         lambda spec, scale: {("B", "C"): (70.0, None, ""), ("FedAvg", "C"): (60.0, None, "")})
     failed = ledger.preconditions(ev, "C", ["A", "B"], ["B"], [], CONF)
@@ -194,7 +195,7 @@ def test_baseline_below_fedavg_where_the_paper_has_it_above(tmp_path: Path, monk
 
 def test_unequal_tuning_budget(tmp_path: Path) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91], "B": [85, 85], "Local": [70, 70]},
-                   diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"self_weight_mean": 0.9}})
+                   diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"xi_top_share": 0.2, "self_weight_mean": 0.3}})
     assert ledger.tuning_budget(ev, ["A", "B"]) is None  # no search: every row the same (none)
     ev.spec = {**SPEC, "tuning": {"seeds": [100], "val_fraction": 0.2, "grid": {"B": {"method.lam": [0.1, 1.0]}}}}
     assert ledger.tuning_budget(ev, ["A", "B"]) == "tuning budget: A searched over 1 point, B searched over 2 points"

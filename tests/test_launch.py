@@ -165,6 +165,25 @@ def test_plots_draw_learning_curves_with_a_band_over_seeds(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
+def test_plots_draw_each_rows_mechanism_diagnostic_per_round(tmp_path):
+    """Rows whose method declares a mechanism diagnostic (conf/claims.yaml) get a per-round panel: FedCAC's
+    collaborators per client, FedAMP's top partner's share of the attention; FedAvg declares none."""
+    text = (SPEC.replace("seeds: [0]", "seeds: [0, 1]").replace("base: [rounds=1]", "base: [rounds=3]")
+            .replace("  - {name: pFedGate, unavailable: waits for the capacity-heterogeneity work}\n",
+                     "  - {name: FedCAC, overrides: [method=fedcac, method.beta=3]}\n"
+                     "  - {name: FedAMP, overrides: [method=fedamp, method.attention=cosine]}\n"))
+    spec_path = spec_file(tmp_path, text)
+    run_cells(expand(load_spec(spec_path), "mini", out_dir=str(tmp_path / "runs")))
+    paths = plots.table_curves(spec_path, "mini", str(tmp_path / "runs"), str(tmp_path / "results"))
+    assert sorted(p.name for p in paths) == ["table1_A.pdf", "table1_A.png", "table1_A_mechanisms.pdf",
+                                             "table1_A_mechanisms.png"]
+    runs = sorted((tmp_path / "runs").glob("**/fedcac/*/rounds.jsonl"))
+    assert len(runs) == 2
+    frame = plots.diagnostic_frame([r.parent for r in runs], "collaborators_mean")
+    assert sorted(frame["round"].unique().tolist()) == [1, 2, 3]
+    assert set(plots.mechanism_metrics({"FedCAC": [runs[0].parent]})) == {"FedCAC"}
+
+
 def test_plots_skip_a_table_without_the_scale_and_draw_the_others(tmp_path, capsys):
     """``make plots SCALE=medium`` runs over every spec, and FedC2I's tables have no medium scale."""
     spec_path = spec_file(tmp_path)  # its scales: mini only

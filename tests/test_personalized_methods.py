@@ -14,7 +14,7 @@ from torch import nn
 from bench.core.engine import ClientRound
 from bench.core.models import build_model
 from bench.experiment.run import config_hash, execute
-from methods.fedamp import attention_weights
+from methods.fedamp import FedAMPHyper, attention_spread, attention_weights, cosine_attention_weights
 from methods.fedcac import FedCACHyper, collaborators, critical_mask, overlaps
 from tests.helpers import config, federation, method
 
@@ -258,6 +258,47 @@ def test_fedamp_cloud_models_and_proximal_gradient():
     torch.testing.assert_close(grads, 2.0 * (0 - expected[1]))  # (lambda / alpha_k)(w - u_i)
 
 
+def test_fedamp_cosine_form_fixes_the_self_weight_and_prefers_the_most_similar_model():
+    w = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [-1.0, 0.2]])
+    xi = cosine_attention_weights(w, cos_scale=5.0, self_weight=0.25)
+    torch.testing.assert_close(xi.sum(1), torch.ones(4, dtype=torch.float64))
+    assert xi.diagonal().tolist() == [0.25] * 4
+    cos01 = 0.9 / math.hypot(0.9, 0.1)
+    expected = 0.75 * math.exp(5 * cos01) / (math.exp(5 * cos01) + 1.0 + math.exp(5 * -1.0 / math.hypot(1.0, 0.2)))
+    assert xi[0, 1].item() == pytest.approx(expected, rel=1e-9)
+    spread = attention_spread(xi, [10, 11, 12, 13])
+    assert spread["xi_top_partner"][:2] == [11, 10]  # client ids, not positions
+    assert 1 / 3 < spread["xi_top_share"] < 1
+
+
+def test_fedamp_alpha_decays_every_decay_every_rounds():
+    fed = federation(nn.Linear(2, 1), 2)
+    m = method("fedamp", fed, alpha_k=100.0, lam=1.0, sigma=1.0, start="cloud", alpha_decay=0.1, decay_every=30)
+    assert [m.alpha(r) for r in (1, 30, 31, 60, 61)] == pytest.approx([100.0, 100.0, 10.0, 10.0, 1.0])
+    with pytest.raises(ValueError, match="method.attention='dot'"):
+        FedAMPHyper(alpha_k=1.0, lam=1.0, sigma=1.0, start="own", attention="dot")
+
+
+@pytest.mark.parametrize("attention", ["cosine", "distance"])
+def test_fedamp_weights_a_class_sharing_partner_above_the_others(tmp_path: Path, attention: str) -> None:
+    """Three pairs of clients, each pair holding the same two digits: every client's recorded top partner is
+    the other client of its pair, in every round, with more than a uniform share of its off-diagonal weight."""
+    pairs = [[1.0 if c in (2 * (i // 2), 2 * (i // 2) + 1) else 0.0 for c in range(10)] for i in range(6)]
+    form = {"cosine": ["method.attention=cosine"],  # FLGo's HeurFedAMP values (cos_scale 25, xi_ii = 1 / M)
+            "distance": ["method.sigma=0.3", "method.alpha_k=0.05", "method.lam=0.01"]}[attention]  # sigma ~ its d^2
+    cfg = config(tmp_path, "dataset=digits", "partition=class_mix", f"partition.mixes={json.dumps(pairs)}",
+                 "partition.n_train=40", "partition.n_test=10", "num_clients=6", "rounds=4", "method=fedamp", *form)
+    execute(cfg)
+    run_dir = next((tmp_path / "runs").glob("**/rounds.jsonl")).parent
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    spreads = [r for r in rounds if r.get("kind") == "method"]
+    assert len(spreads) == 4
+    for r in spreads:
+        assert r["xi_top_partner"] == [1, 0, 3, 2, 5, 4], r
+        assert r["xi_top_share"] > 1 / 5
+        assert r["xi_offdiag_min"] < r["xi_offdiag_median"] <= r["xi_offdiag_max"]
+
+
 # ---------------------------------------------------------------------------------------- PerFedMask
 def test_perfedmask_masking_vectors_fill_budgets_with_balanced_coverage():
     from methods.perfedmask import masking_vectors
@@ -295,3 +336,24 @@ def test_perfedmask_post_stage_is_the_fine_tuned_global_model(tmp_path):
     none, some = results(0), results(2)
     assert none[("pre", "final", "unweighted")] == some[("pre", "final", "unweighted")]
     assert none[("post", "final", "unweighted")] != some[("post", "final", "unweighted")]
+
+
+def test_fedamp_fling_constants_extrapolate_on_a_small_model() -> None:
+    """Fling's alpha_k 1e4, sigma 100 on 10 models about one squared unit apart: self-weights far below 0."""
+    w = torch.eye(10) * math.sqrt(0.5)  # every pair at squared distance 1
+    xi = attention_weights(w, alpha_k=1e4, sigma=100.0)
+    assert xi.diagonal().max().item() == pytest.approx(1 - 9 * 100 * math.exp(-0.01), rel=1e-9)
+    assert xi.diagonal().max().item() < -800
+
+
+def test_fedamp_attention_cross_check_record_agrees_in_both_forms() -> None:
+    """The committed run of scripts/crosscheck_fedamp_attention.py: FLGo's xi and Fling's u_i equal ours."""
+    record = json.loads((Path(__file__).parent.parent / "results/crosscheck/fedamp/attention.json").read_text())
+    assert record["agree"] is True and set(record["forms"]) == {"cosine", "distance"}
+    for form, data in record["forms"].items():
+        assert len(data["rounds"]) == 4
+        for row in data["rounds"]:
+            diffs = [v for k, v in row.items() if k.endswith("diff")]
+            assert len(diffs) == (2 if form == "distance" else 1)
+            assert max(diffs) <= record["tolerance"]
+        assert data["rounds"][-1]["top_partner"] == [1, 0, 3, 2, 5, 4]

@@ -250,16 +250,21 @@ def diagnostic(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) 
     rule = conf["mechanisms"].get(method)
     if rule is None:
         return None
-    values, config = [], {}
-    for run in evidence.runs(row, column):
-        config = run_config(run)
-        found = [r for r in evidence.records(run) if r.get("kind") == "method" and rule["metric"] in r]
-        if not found:
-            continue
-        last = max(r["round"] for r in found)
-        late = [r[rule["metric"]] for r in found if r["round"] > last * (1 - rule["late_fraction"])]
-        flat = [sum(v) / len(v) if isinstance(v, list) else v for v in late]
-        values.append(sum(flat) / len(flat))
+
+    def late_mean(metric: str) -> tuple[list[float], dict[str, Any]]:
+        values, config = [], {}
+        for run in evidence.runs(row, column):
+            config = run_config(run)
+            found = [r for r in evidence.records(run) if r.get("kind") == "method" and metric in r]
+            if not found:
+                continue
+            last = max(r["round"] for r in found)
+            late = [r[metric] for r in found if r["round"] > last * (1 - rule["late_fraction"])]
+            flat = [sum(v) / len(v) if isinstance(v, list) else v for v in late]
+            values.append(sum(flat) / len(flat))
+        return values, config
+
+    values, config = late_mean(rule["metric"])
     if not values:
         return False, f"{row}: no {rule['metric']} records (its mechanism cannot be shown)"
     value = sum(values) / len(values)
@@ -269,14 +274,18 @@ def diagnostic(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) 
     elif kind == "entropy_ratio_below":
         value = value / math.log(int(config["num_clients"]))
         active, bound = value < threshold, f"needs < {threshold:g}"
-    elif kind == "fedamp_between":
-        method_conf = config["method"]
-        floor = 1 - (int(config["num_clients"]) - 1) * float(method_conf["alpha_k"]) / float(method_conf["sigma"])
-        active = floor + threshold <= value <= 1 - threshold
-        bound = f"uniform-attention floor {floor:.3f}, needs [{floor + threshold:.3f}, {1 - threshold:.3f}]"
+    elif kind == "fedamp_attention":  # value: the top partner's share of the off-diagonal weight
+        selves, _ = late_mean("self_weight_mean")
+        own = sum(selves) / len(selves) if selves else float("nan")
+        uniform = 1 / (int(config["num_clients"]) - 1)
+        ratio = value / uniform
+        active = ratio >= threshold and 0 <= own <= 1 - float(rule["self_margin"])
+        return active, (f"{row}: {rule['what']} {ratio:.3f} x uniform, self-weight {own:.3f} over the last "
+                        f"{rule['late_fraction']:.0%} of rounds (needs >= {threshold:g} x uniform and a self-weight "
+                        f"in [0, {1 - float(rule['self_margin']):g}])")
     else:
         raise ClaimsError(f"{THRESHOLDS}: mechanisms.{method}.rule={kind!r}; use above, entropy_ratio_below or "
-                          "fedamp_between")
+                          "fedamp_attention")
     return active, f"{row}: {rule['what']} {value:.3f} over the last {rule['late_fraction']:.0%} of rounds ({bound})"
 
 

@@ -82,6 +82,11 @@ ADDED: dict[str, Callable[[Any], bool]] = {
     "method.score_levels": lambda value: value is None,  # pFedGate's
     "method.straight_through": _equals(False),  # pFedGate's
     "method.narrow_init": _equals("prefix"),  # FLANC's
+    "method.attention": _equals("distance"),  # FedAMP's (the distance form)
+    "method.alpha_decay": _equals(1.0),  # FedAMP's
+    "method.decay_every": _equals(0),  # FedAMP's
+    "method.cos_scale": _equals(25.0),  # FedAMP's (read by the cosine form only)
+    "method.self_weight": lambda value: value is None,  # FedAMP's (read by the cosine form only)
     **{f"{where}.{key}": neutral for where in ("capacity", "method.federation.capacity")
        for key, neutral in (("width_rule", _equals("method")), ("width_step", lambda value: value is None))},
 }

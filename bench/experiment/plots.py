@@ -67,6 +67,49 @@ def learning_curves(
 
 
 
+def diagnostic_frame(run_dirs: Sequence[Path], metric: str) -> Any:
+    """Long frame (run_dir, round, value) of a method diagnostic (``kind: method`` records; a list: its mean)."""
+    import pandas as pd
+
+    from common.verified_io import read_jsonl
+
+    rows = []
+    for run in run_dirs:
+        for rec in read_jsonl(Path(run) / "rounds.jsonl"):
+            if rec.get("kind") == "method" and metric in rec:
+                value = rec[metric]
+                value = sum(value) / len(value) if isinstance(value, list) else value
+                rows.append({"run_dir": str(run), "round": rec["round"], "value": float(value)})
+    return pd.DataFrame(rows)
+
+
+def mechanism_curves(groups: Mapping[str, tuple[str, str, Sequence[Path]]], path: str | os.PathLike, *,
+                     title: str = "") -> list[Path]:
+    """Per round, each row's mechanism diagnostic (``conf/claims.yaml`` ``mechanisms``), mean over its runs with a
+    band of +- one std: one panel per diagnostic. ``groups``: row -> (metric, what it measures, runs)."""
+    panels: dict[tuple[str, str], dict[str, Sequence[Path]]] = {}
+    for row, (metric, what, runs) in groups.items():
+        panels.setdefault((metric, what), {})[row] = runs
+    if not panels:
+        return []
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.0), squeeze=False)
+        for ax, ((metric, what), rows) in zip(axes[0], panels.items(), strict=True):
+            for label, runs in rows.items():
+                frame = diagnostic_frame(runs, metric)
+                if frame.empty:
+                    continue
+                stats = frame.groupby("round")["value"].agg(["mean", "std"]).fillna(0.0)
+                ax.plot(stats.index, stats["mean"], label=label, lw=1.4)
+                ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2)
+            ax.set_xlabel("round")
+            ax.set_ylabel(f"{what} ({metric})")
+            ax.legend(fontsize=6)
+        if title:
+            fig.suptitle(title)
+        return save(fig, path)
+
+
 def heatmap(ax: plt.Axes, matrix: Sequence[Sequence[float]], labels: Sequence[str], title: str,
             vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis", annotate: bool = True) -> Any:
     """A square heatmap of ``matrix`` (rows and columns named by ``labels``), each cell's value written in it
@@ -130,9 +173,27 @@ def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results
     base = output_base(spec["paper"], "figures", scale, results_dir) / "curves"
     stage = spec["protocol"]["stage"]
     for column, rows in groups.items():
+        mechanisms = mechanism_metrics(rows)
         title = f"{spec['paper']} {label(spec)}: {column}" + (" (mini stand-in)" if scale == "mini" else "")
         paths += learning_curves(rows, base / f"{label(spec)}_{slug(column)}", title=title, stage=stage)
+        diagnosed = {row: (*mechanisms[row], runs) for row, runs in rows.items() if row in mechanisms}
+        paths += mechanism_curves(diagnosed, base / f"{label(spec)}_{slug(column)}_mechanisms", title=title)
     return paths
+
+
+def mechanism_metrics(rows: Mapping[str, Sequence[Path]]) -> dict[str, tuple[str, str]]:
+    """Row -> (diagnostic metric, what it measures) for the rows whose method (read from a run's config) declares a
+    mechanism diagnostic in ``conf/claims.yaml``."""
+    from bench.core.records import run_config
+    from bench.experiment.claims import thresholds
+
+    rules = thresholds().get("mechanisms") or {}
+    out = {}
+    for row, runs in rows.items():
+        method = str(run_config(Path(runs[0])).get("method", {}).get("name")) if runs else None
+        if method in rules:
+            out[row] = (rules[method]["metric"], rules[method]["what"])
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
