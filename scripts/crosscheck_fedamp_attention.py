@@ -23,6 +23,7 @@ xi (FLGo) and of u_i (Fling) from ours, and whether every one is within ``--tole
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import sys
@@ -90,10 +91,26 @@ def as_modules(cls: type[nn.Module], models: torch.Tensor) -> list[nn.Module]:
     return out
 
 
-def flgo_weights(path: Path, hp: fedamp.FedAMPHyper, alpha: float, models: torch.Tensor) -> torch.Tensor:
+@functools.cache
+def flgo_module(path: Path) -> Any:
+    """FLGo's FedAMP file as a module (loaded once)."""
     spec = importlib.util.spec_from_file_location("flgo_fedamp", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@functools.cache
+def fling_group(checkout: Path) -> type:
+    """Fling's FedAMP server group class, imported from ``checkout`` (once)."""
+    sys.path.insert(0, str(checkout))
+    from fling.component.group.fedamp_group import FedAMPServerGroup
+
+    return FedAMPServerGroup
+
+
+def flgo_weights(path: Path, hp: fedamp.FedAMPHyper, alpha: float, models: torch.Tensor) -> torch.Tensor:
+    module = flgo_module(path)
     from flgo.utils.fmodule import FModule
 
     server = module.Server.__new__(module.Server)
@@ -105,9 +122,8 @@ def flgo_weights(path: Path, hp: fedamp.FedAMPHyper, alpha: float, models: torch
 
 
 def fling_clouds(checkout: Path, alpha: float, sigma: float, round_: int, models: torch.Tensor) -> torch.Tensor:
-    sys.path.insert(0, str(checkout))
+    FedAMPServerGroup = fling_group(checkout)  # noqa: N806 (a class)
     from easydict import EasyDict
-    from fling.component.group.fedamp_group import FedAMPServerGroup
 
     n = len(models)
     group = FedAMPServerGroup.__new__(FedAMPServerGroup)

@@ -181,7 +181,10 @@ def test_plots_draw_each_rows_mechanism_diagnostic_per_round(tmp_path):
     assert len(runs) == 2
     frame = plots.diagnostic_frame([r.parent for r in runs], "collaborators_mean")
     assert sorted(frame["round"].unique().tolist()) == [1, 2, 3]
-    assert set(plots.mechanism_metrics({"FedCAC": [runs[0].parent]})) == {"FedCAC"}
+    from bench.experiment.claims import thresholds
+
+    rules = thresholds()["mechanisms"]
+    assert set(plots.mechanism_metrics({"FedCAC": [runs[0].parent]}, rules)) == {"FedCAC"}
 
 
 def test_plots_skip_a_table_without_the_scale_and_draw_the_others(tmp_path, capsys):

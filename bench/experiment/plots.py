@@ -44,6 +44,16 @@ def write_caption(path: str | os.PathLike, text: str) -> Path:
     return target
 
 
+def mean_band(ax: plt.Axes, frame: Any, column: str, label: str) -> None:
+    """One line: the per-round mean of ``frame[column]`` over its runs, with a band of +- one std (nothing when
+    ``frame`` is empty)."""
+    if frame.empty:
+        return
+    stats = frame.groupby("round")[column].agg(["mean", "std"]).fillna(0.0)
+    ax.plot(stats.index, stats["mean"], label=label, lw=1.4)
+    ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2)
+
+
 def learning_curves(
     groups: Mapping[str, Sequence[Path]], path: str | os.PathLike, *, title: str = "",
     stage: str = "post", ylabel: str = "mean client test accuracy (%)",
@@ -52,12 +62,7 @@ def learning_curves(
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(4.2, 3.0))
         for label, runs in groups.items():
-            frame = curves(runs, stage=stage)
-            if frame.empty:
-                continue
-            stats = frame.groupby("round")["mean_acc"].agg(["mean", "std"]).fillna(0.0)
-            ax.plot(stats.index, stats["mean"], label=label, lw=1.4)
-            ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2)
+            mean_band(ax, curves(runs, stage=stage), "mean_acc", label)
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
         if title:
@@ -96,12 +101,7 @@ def mechanism_curves(groups: Mapping[str, tuple[str, str, Sequence[Path]]], path
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.0), squeeze=False)
         for ax, ((metric, what), rows) in zip(axes[0], panels.items(), strict=True):
             for label, runs in rows.items():
-                frame = diagnostic_frame(runs, metric)
-                if frame.empty:
-                    continue
-                stats = frame.groupby("round")["value"].agg(["mean", "std"]).fillna(0.0)
-                ax.plot(stats.index, stats["mean"], label=label, lw=1.4)
-                ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2)
+                mean_band(ax, diagnostic_frame(runs, metric), "value", label)
             ax.set_xlabel("round")
             ax.set_ylabel(f"{what} ({metric})")
             ax.legend(fontsize=6)
@@ -172,8 +172,11 @@ def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results
     paths: list[Path] = []
     base = output_base(spec["paper"], "figures", scale, results_dir) / "curves"
     stage = spec["protocol"]["stage"]
+    from bench.experiment.claims import thresholds
+
+    rules = thresholds().get("mechanisms") or {}
     for column, rows in groups.items():
-        mechanisms = mechanism_metrics(rows)
+        mechanisms = mechanism_metrics(rows, rules)
         title = f"{spec['paper']} {label(spec)}: {column}" + (" (mini stand-in)" if scale == "mini" else "")
         paths += learning_curves(rows, base / f"{label(spec)}_{slug(column)}", title=title, stage=stage)
         diagnosed = {row: (*mechanisms[row], runs) for row, runs in rows.items() if row in mechanisms}
@@ -181,13 +184,11 @@ def spec_curves(spec: dict[str, Any], scale: str, out_dir: str = "runs", results
     return paths
 
 
-def mechanism_metrics(rows: Mapping[str, Sequence[Path]]) -> dict[str, tuple[str, str]]:
+def mechanism_metrics(rows: Mapping[str, Sequence[Path]], rules: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """Row -> (diagnostic metric, what it measures) for the rows whose method (read from a run's config) declares a
-    mechanism diagnostic in ``conf/claims.yaml``."""
+    mechanism diagnostic in ``rules`` (``conf/claims.yaml``'s ``mechanisms``)."""
     from bench.core.records import run_config
-    from bench.experiment.claims import thresholds
 
-    rules = thresholds().get("mechanisms") or {}
     out = {}
     for row, runs in rows.items():
         method = str(run_config(Path(runs[0])).get("method", {}).get("name")) if runs else None
