@@ -347,12 +347,11 @@ def baseline(evidence: Evidence, row: str, column: str, conf: dict[str, Any]) ->
 
 
 def tuning_budget(evidence: Evidence, rows: Sequence[str]) -> str | None:
-    """Why the rows did not get the same tuning budget: the spec's search (``tuning:``) gives them grids of
-    different sizes, an untuned row counting as one point (None when every row's budget is the same)."""
-    from bench.experiment.tuning import row_grids
-
-    grids = row_grids(evidence.spec, evidence.scale) if evidence.spec.get("tuning") else {}
-    points = {row: len(grids.get(row, [[]])) for row in rows}
+    """Why the rows did not get the same tuning budget: the search their records come from (the table's
+    ``<table>.tuning.json``, read into each row's ``searched``) ran different numbers of points for them, an
+    unsearched row counting as one (None when every row's budget is the same)."""
+    searched = {row["name"]: row.get("searched") or 1 for row in evidence.spec["rows"]}
+    points = {row: searched.get(row, 1) for row in rows}
     if len(set(points.values())) <= 1:
         return None
     return "tuning budget: " + ", ".join(f"{row} searched over {n} point{'s' * (n != 1)}" for row, n in points.items())

@@ -277,6 +277,18 @@ def flagged_cells(frame: pd.DataFrame, problems: Sequence[str]) -> dict[str, lis
     return {"problems": [[m, c, s] for (m, c), s in states.items()], "stale": [[m, c] for m, c in sorted(stale)]}
 
 
+def search_budget(spec: dict[str, Any], scale: str) -> list[str]:
+    """The search the rows' records come from: the spec's budget when every row was searched over the same number
+    of points (``searched``, from ``<table>.tuning.json``), else each row's count, named as unequal."""
+    from bench.experiment.tuning import budget_lines
+
+    searched = {row["name"]: row.get("searched") or 1 for row in spec["rows"] if not row.get("unavailable")}
+    if len(set(searched.values())) == 1:
+        return budget_lines(spec, scale)
+    return ["Unequal search (the records come from a search that gave rows different budgets): "
+            + ", ".join(f"{row} {n} point{'s' * (n != 1)}" for row, n in searched.items())]
+
+
 def result(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: Sequence[str]) -> Result:
     """The table as a result: ours (mean ± std) and the paper's number side by side, per column, then the
     comparisons, metrics, tuned points, the cells not averaged in and the stale ones."""
@@ -284,7 +296,8 @@ def result(spec: dict[str, Any], scale: str, frame: pd.DataFrame, problems: Sequ
     tuned = [f"{row['name']} | {column}: {', '.join(point)}" for row in spec["rows"]
              for column, point in row.get("tuned", {}).items()]
     if tuned:
-        blocks.append(bullets(tuned, f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", "tuned"))
+        blocks.append(bullets([*search_budget(spec, scale), *tuned],
+                              f"Tuned on the clients' validation split ({label(spec)}.tuning.md):", "tuned"))
     if problems:
         blocks.append(bullets(problems, "Not averaged in (missing, failed, diverged, did not train, or partial runs):",
                               "problems"))

@@ -73,15 +73,18 @@ class Row:
     by_column: dict[str, list[str]] = field(default_factory=dict)
     unavailable: str | None = None  # not run: the reason, shown in its cells
     tuned: dict[str, list[str]] = field(default_factory=dict)  # per column: the values bench.experiment.tuning chose
+    searched: int | None = None  # the points its search ran (bench.experiment.tuning.with_tuned); None: not searched
 
 
 @dataclass(frozen=True)
 class Tuning:
     """A ``tuning:`` block (``bench.experiment.tuning``); a scale's block replaces the keys it gives."""
 
-    grid: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, Any] = field(default_factory=dict)  # every row: its key hyperparameter's values, or None
     seeds: list[int] | None = None
     val_fraction: float | None = None
+    lr_factors: list[float] | None = None  # the row's own step times these, with its key values
+    lr_factors_alone: list[float] | None = None  # the same for a row with no key hyperparameter
 
 
 @dataclass(frozen=True)
