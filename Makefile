@@ -154,7 +154,9 @@ plots: setup
 efficiency: setup
 	$(PY) -m scripts.pa3dfl.efficiency --out results/pa3dfl
 
+# the READMEs' generated blocks (numbers from results files, bench/experiment/readme_blocks.py), then the page
 report: setup
+	$(PY) -m bench.experiment.readme_blocks --write
 	$(PY) -m bench.experiment.report --results results --out results/index.html
 
 report-screenshot: setup

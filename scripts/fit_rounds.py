@@ -52,18 +52,19 @@ from bench.experiment.compose import sharing_compositions  # noqa: E402
 from bench.experiment.identity import run_dir_for  # noqa: E402
 from bench.experiment.launch import Outcome, launch, load_launcher  # noqa: E402
 from bench.experiment.spec import Cell, cell_config, expand, load_spec, scale_columns  # noqa: E402
-from bench.experiment.tuning import row_grids, search_cells, tune  # noqa: E402
+from bench.experiment.tuning import own_values, resolve, row_grids, search_cells, tune  # noqa: E402
 
 #: the files of a run directory that are its records (what the repository commits); checkpoints stay behind
 RECORDS = ("config.yaml", "rounds.jsonl", "summary.json", "timing.json", "partition")
 
 
-def point_specs(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
-    """One spec per grid point of the tuned rows (a tuned row's every column set to that point), or the spec
-    alone; rows with fewer points repeat their last."""
+def point_specs(spec: dict[str, Any], scale: str, extra: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One spec per grid point of the tuned rows (a tuned row's every column set to that point, its relative values
+    resolved against the cell's own), or the spec alone; rows with fewer points repeat their last."""
     grids = row_grids(spec, scale)
     if not grids:
         return [spec]
+    own = own_values(spec, scale, extra)
     columns = [c["name"] for c in scale_columns(spec, scale)]
     specs = []
     for i in range(max(len(points) for points in grids.values())):
@@ -71,16 +72,16 @@ def point_specs(spec: dict[str, Any], scale: str) -> list[dict[str, Any]]:
         for row in point["rows"]:
             if row["name"] in grids:
                 chosen = grids[row["name"]][min(i, len(grids[row["name"]]) - 1)]
-                row["tuned"] = {column: list(chosen) for column in columns}
+                row["tuned"] = {column: resolve(chosen, own.get((row["name"], column), {})) for column in columns}
         specs.append(point)
     return specs
 
 
 def all_cells(spec: dict[str, Any], scale: str, out_dir: str, extra: Sequence[str]) -> list[tuple[Cell, dict]]:
     """Every (cell, its spec) that the table command may need at ``scale``: the search's and each point's."""
-    search, tuning = search_cells(spec, scale, out_dir, extra) if spec.get("tuning") else (spec, [])
+    search, tuning = search_cells(spec, scale, out_dir, extra)[:2] if spec.get("tuning") else (spec, [])
     pairs = [(cell, search) for cell in tuning]
-    for point in point_specs(spec, scale):
+    for point in point_specs(spec, scale, extra):
         pairs += [(cell, point) for cell in expand(point, scale, None, out_dir, extra)]
     return pairs
 
@@ -90,7 +91,7 @@ def search_first_cells(spec: dict[str, Any], scale: str, out_dir: str,
     """The (cell, its spec) pairs to run now when the search goes first: while the search is unfinished, its cells
     and the untuned rows' cells; once every search run has finished, the table's cells with the point the search
     picked (``tune`` reads the finished runs; its report goes to a temporary folder, not over the table's)."""
-    search, tuning = search_cells(spec, scale, out_dir, extra) if spec.get("tuning") else (spec, [])
+    search, tuning = search_cells(spec, scale, out_dir, extra)[:2] if spec.get("tuning") else (spec, [])
     searched = [run_dir_for(cfg) for _, _, cfg in compose([(cell, search) for cell in tuning], scale)]
     if all(RunDir(path).is_complete() for path in searched):
         with tempfile.TemporaryDirectory() as results:

@@ -197,7 +197,8 @@ def test_unequal_tuning_budget(tmp_path: Path) -> None:
     ev = _evidence(tmp_path, {"A": [90, 91], "B": [85, 85], "Local": [70, 70]},
                    diagnostics={"A": {"collaborators_mean": 3.0}, "B": {"xi_top_share": 0.2, "self_weight_mean": 0.3}})
     assert ledger.tuning_budget(ev, ["A", "B"]) is None  # no search: every row the same (none)
-    ev.spec = {**SPEC, "tuning": {"seeds": [100], "val_fraction": 0.2, "grid": {"B": {"method.lam": [0.1, 1.0]}}}}
+    # the search the records come from (<table>.tuning.json, read into each row's "searched" by with_tuned)
+    ev.spec = {**SPEC, "rows": [{**r, "searched": 2} if r["name"] == "B" else r for r in SPEC["rows"]]}
     assert ledger.tuning_budget(ev, ["A", "B"]) == "tuning budget: A searched over 1 point, B searched over 2 points"
     failed = ledger.preconditions(ev, "C", ["A", "B"], ["B"], [], CONF)
     assert any(f.startswith("tuning budget: A searched over 1 point") for f in failed)

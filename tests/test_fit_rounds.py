@@ -12,7 +12,7 @@ import pytest
 from bench.experiment.cells import run_cells
 from bench.experiment.identity import run_dir_for
 from bench.experiment.spec import cell_config, expand, load_spec
-from bench.experiment.tuning import tune
+from bench.experiment.tuning import own_values, resolve, row_grids, tune
 from tests.helpers import script
 
 pytestmark = pytest.mark.slow  # trains the runs a table needs
@@ -39,6 +39,7 @@ tuning:
   seeds: [7]
   val_fraction: 0.25
   grid:
+    FedAvg: {train.lr: [0.001, 0.3]}
     Separate: {train.lr: [0.001, 0.3]}
 scales:
   mini:
@@ -64,14 +65,14 @@ def test_every_run_the_table_may_need_once_whichever_point_the_search_picks():
     pairs = fit_rounds.all_cells(spec, "medium", "runs", [])
     composed = fit_rounds.compose(pairs, "medium")
     dirs = {run_dir_for(cfg) for _, _, cfg in composed}
-    # the search's 6 points, the table's 36, Pa3dFL at the 5 other points
-    assert len(dirs) == len(composed) == 6 + 12 * 3 + 5 * 3
-    for lr in (0.01, 0.1, 1.0):  # as tune() returns the spec with its choice for the medium column
-        for momentum in (0.0, 0.9):
-            tuned = load_spec(PA3DFL)
-            row = next(r for r in tuned["rows"] if r["name"] == "Pa3dFL")
-            row["tuned"] = {"FashionMNIST Hetero": [f"method.hn_lr={lr}", f"method.hn_momentum={momentum}"]}
-            assert {run_dir_for(cell_config(c, tuned, "medium")) for c in expand(tuned, "medium")} <= dirs
+    # the search's 12 rows x 6 points on the tuning seed, and the table's 12 rows x 3 seeds at each of the 6 points
+    assert len(dirs) == len(composed) == 12 * 6 + 12 * 6 * 3
+    own, grids, column = own_values(spec, "medium"), row_grids(spec, "medium"), "FashionMNIST Hetero"
+    for i in range(6):  # as tune() returns the spec with its (resolved) choices, whichever point each row gets
+        tuned = load_spec(PA3DFL)
+        for k, row in enumerate(tuned["rows"]):
+            row["tuned"] = {column: resolve(grids[row["name"]][(i + k) % 6], own[(row["name"], column)])}
+        assert {run_dir_for(cell_config(c, tuned, "medium")) for c in expand(tuned, "medium")} <= dirs
 
 
 def test_the_runs_fit_are_packed_and_the_table_then_reuses_every_one(tmp_path, capsys):
@@ -86,12 +87,12 @@ def test_the_runs_fit_are_packed_and_the_table_then_reuses_every_one(tmp_path, c
     report = json.loads(pack.with_suffix(".json").read_text())
     rounds = report["rounds"]
     assert rounds == 3 and set(report["probe"]) == {"FedAvg", "Separate"}
-    assert len(report["runs"]) == 5 and all(r["ok"] for r in report["runs"])  # 2 search + FedAvg + Separate x 2
+    assert len(report["runs"]) == 8 and all(r["ok"] for r in report["runs"])  # (2 search + 2 final) x 2 rows
     with tarfile.open(pack) as tar:
         names = set(tar.getnames())
     assert {n.rsplit("/", 1)[1] for n in names} >= {"config.yaml", "rounds.jsonl", "summary.json"}
     assert not any(n.endswith(".pt") for n in names)  # records only, no checkpoints
-    assert len({n.split("/summary.json")[0] for n in names if n.endswith("summary.json")}) == 5
+    assert len({n.split("/summary.json")[0] for n in names if n.endswith("summary.json")}) == 8
     # the table at that many rounds finds every run finished: tuning, then the final cells
     spec_path.write_text(SPEC.replace("base: [rounds=1]", f"base: [rounds={rounds}]"))
     spec = tune(load_spec(spec_path), "mini", {"name": "inline"}, str(out_dir), results_dir=str(tmp_path / "results"))
@@ -107,15 +108,16 @@ def test_search_first_runs_the_tuned_rows_only_at_the_point_the_finished_search_
     call = [str(spec_path), "--scale", "mini", "--budget-s", "300", "--workers", "2", "--rounds", "2",
             "--search-first", "--drop-checkpoints", "--out-dir", str(out_dir), "--pack", str(pack),
             "--", "checkpoint.every_rounds=1"]
-    assert fit_rounds.main(call) == 0  # the search is not finished: its 2 points and the untuned FedAvg
+    assert fit_rounds.main(call) == 0  # the search is not finished: its 2 points of each row
     first = json.loads(pack.with_suffix(".json").read_text())["runs"]
-    assert sorted(r["row"] for r in first) == ["FedAvg", "Separate [train.lr=0.001]", "Separate [train.lr=0.3]"]
+    assert sorted(r["row"] for r in first) == ["FedAvg [train.lr=0.001]", "FedAvg [train.lr=0.3]",
+                                               "Separate [train.lr=0.001]", "Separate [train.lr=0.3]"]
     assert all(r["ok"] for r in first)
     assert not list(out_dir.rglob("*.pt"))  # each finished run's checkpoints deleted, its records kept
-    assert len(list(out_dir.rglob("summary.json"))) == 3
-    assert fit_rounds.main(call) == 0  # the search has finished: Separate at its pick, nothing run twice
+    assert len(list(out_dir.rglob("summary.json"))) == 4
+    assert fit_rounds.main(call) == 0  # the search has finished: each row at its pick, nothing run twice
     second = json.loads(pack.with_suffix(".json").read_text())["runs"]
-    assert [(r["row"], r["seed"], r["ok"]) for r in second] == [("Separate", 0, True)]
+    assert sorted((r["row"], r["seed"], r["ok"]) for r in second) == [("FedAvg", 0, True), ("Separate", 0, True)]
     assert fit_rounds.main(call) == 0 and json.loads(pack.with_suffix(".json").read_text())["runs"] == []
     # the table at those rounds finds every run it needs finished
     spec_path.write_text(SPEC.replace("base: [rounds=1]", "base: [rounds=2]"))

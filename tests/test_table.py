@@ -35,6 +35,9 @@ scales:
     seeds: [0]
     base: [rounds=1]
 """
+# every row searched over two steps relative to its own (Separate's: 0.2 in column A)
+TUNING = ("tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  lr_factors_alone: [1.0, 0.005]\n"
+          "  grid: {FedAvg: null, Separate: null}\n")
 
 
 def spec_file(tmp_path: Path, text: str = SPEC) -> Path:
@@ -150,19 +153,25 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
     from bench.experiment.tuning import grid_points, tune
 
     assert grid_points({"a": [1, 2], "b": [3]}) == [["a=1", "b=3"], ["a=2", "b=3"]]
-    text = SPEC + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    text = SPEC + TUNING
     spec = load_spec(spec_file(tmp_path, text))
     tuned = tune(spec, "paper", load_launcher("inline"), str(tmp_path / "runs"), (), tmp_path / "results")
     report = json.loads((tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.json").read_text())
-    scores = {r["point"][0]: r["val_acc"] for r in report["results"] if "point" in r}
-    chosen = next(r for r in report["results"] if "chosen" in r)
+    points = [r for r in report["results"] if "point" in r and r["row"] == "Separate"]
+    # the relative steps resolved against Separate's own step in column A (by_dataset synthetic: 0.2)
+    assert [(r["point"], r["overrides"]) for r in points] == [(["train.lr=×1"], ["train.lr=0.2"]),
+                                                               (["train.lr=×0.005"], ["train.lr=0.001"])]
+    scores = {r["overrides"][0]: r["val_acc"] for r in points}
+    chosen = next(r for r in report["results"] if "chosen" in r and r["row"] == "Separate")
     assert chosen["chosen"] == [max(scores, key=scores.get)] and chosen["val_acc"] == max(scores.values())
+    assert chosen["points"] == 2 and {r["row"] for r in report["results"]} == {"FedAvg", "Separate"}
     separate = next(r for r in tuned["rows"] if r["name"] == "Separate")
-    assert separate["tuned"] == {"A": chosen["chosen"]}
+    assert separate["tuned"] == {"A": chosen["chosen"]} and separate["searched"] == 2
     final = [c for c in expand(tuned, "paper", out_dir=str(tmp_path / "runs")) if c.row == "Separate"]
     assert [c.seed for c in final] == [0, 1] and all(c.overrides[-2] == chosen["chosen"][0] for c in final)
     md = write_table(tuned, "paper", *collect(tuned, "paper", run_cells(final)), tmp_path / "results").read_text()
     assert f"- Separate | A: {chosen['chosen'][0]}" in md
+    assert "- Search budget: 2 points for every row on the tuning seeds [7]" in md  # the caption states the budget
     assert "✓" in (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.md").read_text()
     # the collector alone (make collect) reads the search's choices and finds the table's runs
     from bench.experiment.collect import main as collect_main
@@ -170,11 +179,14 @@ def test_tuning_picks_the_best_validation_point_and_the_final_seeds_use_it(tmp_p
                   "--results", str(tmp_path / "results"), "--seeds", "0", "1"])
     again = (tmp_path / "results" / "fedcac" / "paper-scale" / "table1.md").read_text()
     assert f"- Separate | A: {chosen['chosen'][0]}" in again and "missing: Separate" not in again
+    assert "- Search budget: 2 points for every row" in again  # with_tuned read each row's searched points
     tuning_runs = [p for p in (tmp_path / "runs").rglob("summary.json") if "-s7-" in str(p)]
-    assert len(tuning_runs) == 2  # one per grid point, on the tuning seed only
+    assert len(tuning_runs) == 4  # one per row and point, on the tuning seed only
     with pytest.raises(ValueError, match="tuning.grid names rows \\['Nope'\\]"):
-        tune(load_spec(spec_file(tmp_path, text.replace("    Separate:", "    Nope:"))), "paper",
+        tune(load_spec(spec_file(tmp_path, text.replace("Separate: null", "Separate: null, Nope: null"))), "paper",
              load_launcher("inline"))
+    with pytest.raises(ValueError, match="leaves out rows \\['FedAvg'\\]: every row gets the same search"):
+        tune(load_spec(spec_file(tmp_path, text.replace("FedAvg: null, ", ""))), "paper", load_launcher("inline"))
 
 
 def test_the_dry_run_counts_the_search_then_the_final_cells_at_its_picks(tmp_path, capsys):
@@ -182,22 +194,23 @@ def test_the_dry_run_counts_the_search_then_the_final_cells_at_its_picks(tmp_pat
     # whose search and final seeds had all finished was reported with cells "to run"
     from bench.experiment.table import main as table_main
 
-    text = SPEC + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    text = SPEC + TUNING
     args = [str(spec_file(tmp_path, text)), "--scale", "paper", "--launcher", "inline", "--dry-run", "--no-cost",
             "--out-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
     assert table_main(args) == 0
     out = capsys.readouterr().out
-    assert "tuning: 2 grid points x 1 columns x 1 seeds\n2 cells, 0 finished, 2 to run" in out
+    assert "tuning: 4 grid points (2 rows x 2 each) x 1 columns x 1 seeds\n4 cells, 0 finished, 4 to run" in out
     assert "the search has not finished" in out and "4 cells, 0 finished, 4 to run" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # nothing run or written
     assert table_main([a for a in args if a not in ("--dry-run", "--no-cost")]) == 0  # search, then the table
     report = json.loads((tmp_path / "results" / "fedcac" / "paper-scale" / "table1.tuning.json").read_text())
-    chosen = next(r["chosen"] for r in report["results"] if "chosen" in r)
+    chosen = {r["row"]: r["chosen"] for r in report["results"] if "chosen" in r}
     capsys.readouterr()
     assert table_main(args) == 0
     out = capsys.readouterr().out
-    assert "2 cells, 2 finished, 0 to run" in out and "4 cells, 4 finished, 0 to run" in out
-    assert f"the search has finished; the final cells below at the points it picks (Separate | A: {chosen[0]})" in out
+    assert out.count("4 cells, 4 finished, 0 to run") == 2  # the search, then the final cells
+    assert ("the search has finished; the final cells below at the points it picks "
+            f"(FedAvg | A: {chosen['FedAvg'][0]}; Separate | A: {chosen['Separate'][0]})") in out
 
 
 def test_tuning_searches_and_chooses_only_the_columns_of_its_scale(tmp_path):
@@ -206,13 +219,13 @@ def test_tuning_searches_and_chooses_only_the_columns_of_its_scale(tmp_path):
     import bench.experiment.tuning
     from bench.experiment.launch import load_launcher
 
-    text = MEDIUM + "tuning:\n  seeds: [7]\n  val_fraction: 0.25\n  grid:\n    Separate: {train.lr: [0.001, 0.3]}\n"
+    text = MEDIUM + TUNING
     tuned = bench.experiment.tuning.tune(load_spec(spec_file(tmp_path, text)), "medium", load_launcher("inline"),
                               str(tmp_path / "runs"), (), tmp_path / "results")
     separate = next(r for r in tuned["rows"] if r["name"] == "Separate")
     assert list(separate["tuned"]) == ["A"]
     report = json.loads((tmp_path / "results" / "fedcac" / "medium" / "table1.tuning.json").read_text())
-    assert {r["column"] for r in report["results"]} == {"A"} and len(report["results"]) == 3  # 2 points + choice
+    assert {r["column"] for r in report["results"]} == {"A"} and len(report["results"]) == 6  # 2 rows x (2 + choice)
 
 
 def test_spec_include_list_merges_in_order_and_names_a_missing_file(tmp_path):

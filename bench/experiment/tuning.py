@@ -18,7 +18,8 @@ A table spec may carry::
 the same number of points: ``lr_factors`` x its key values, or ``lr_factors_alone`` for a row with none, and a
 block that gives rows different counts, or leaves a row out, is refused (:func:`settings`). The step of a point
 is relative (``train.lr=×0.5``), as any value written ``×f`` is: it is resolved per column against the row's own
-value there (:func:`own_values`), so the grid sits around each row's published value. Without ``lr_factors`` only the key values are searched.
+value there (:func:`own_values`), so the grid sits around each row's published value. Without ``lr_factors``
+only the key values are searched.
 
 For every row and column, each point runs on the tuning seeds with the validation split; its score is the mean
 over those seeds of the mean validation accuracy at the round the table's protocol reports (its last round for
@@ -68,6 +69,7 @@ def grid_points(grid: dict[str, list[Any]] | list[dict[str, Any]]) -> list[list[
     return [[f"{k}={v}" for k, v in zip(keys, combo, strict=True)] for combo in itertools.product(*grid.values())]
 
 
+OwnValues = dict[tuple[str, str], dict[str, float]]  # (row, column) -> the cell's own value of each relative key
 RELATIVE = "×"  # a relative value: "train.lr=×0.5" is half the row's own step at that cell
 
 
@@ -148,7 +150,7 @@ def settings(spec: dict[str, Any], scale: str) -> dict[str, Any]:
 
 
 def search_spec(spec: dict[str, Any], grid: dict[str, list[list[str]]],
-                own: dict[tuple[str, str], dict[str, float]]) -> dict[str, Any]:
+                own: OwnValues) -> dict[str, Any]:
     """The spec of the search: one row per grid point (``point_name``), with its row's overrides, the scale blocks'
     entries of its row (``rows``, ``rows_by_dataset``, ``rows_by_column``) and the point's overrides, resolved per
     column against the cells' own values (:func:`own_values`), last."""
@@ -184,7 +186,7 @@ def row_grids(spec: dict[str, Any], scale: str) -> dict[str, list[list[str]]]:
     return grids if any(len(points) > 1 or points != [[]] for points in grids.values()) else {}
 
 
-def own_values(spec: dict[str, Any], scale: str, extra: Sequence[str] = ()) -> dict[tuple[str, str], dict[str, float]]:
+def own_values(spec: dict[str, Any], scale: str, extra: Sequence[str] = ()) -> OwnValues:
     """Each (row, column)'s own values (its composed cell's) of the keys its points set relatively (``key=×f``)."""
     from omegaconf import OmegaConf
 
@@ -192,7 +194,7 @@ def own_values(spec: dict[str, Any], scale: str, extra: Sequence[str] = ()) -> d
 
     keys = {row: sorted({k for point in points for k in relative_keys(point)})
             for row, points in row_grids(spec, scale).items()}
-    out: dict[tuple[str, str], dict[str, float]] = {}
+    out: OwnValues = {}
     with sharing_compositions():
         for c in expand(spec, scale, settings(spec, scale)["seeds"][:1], extra=extra):
             if keys.get(c.row):
@@ -202,7 +204,7 @@ def own_values(spec: dict[str, Any], scale: str, extra: Sequence[str] = ()) -> d
 
 
 def search_cells(spec: dict[str, Any], scale: str, out_dir: str = "runs",
-                 extra: Sequence[str] = ()) -> tuple[dict[str, Any], list[Cell], dict[tuple[str, str], dict[str, float]]]:
+                 extra: Sequence[str] = ()) -> tuple[dict[str, Any], list[Cell], OwnValues]:
     """The search's spec, its cells (every grid point on the tuning seeds with the validation split), as
     :func:`tune` runs them, and the cells' own values of the relative keys; no cells without a grid."""
     tuning, grid = settings(spec, scale), row_grids(spec, scale)
@@ -231,7 +233,7 @@ def search_scores(dirs: dict[Cell, Any], proto: dict[str, Any]) -> dict[tuple[st
 
 
 def choose(spec: dict[str, Any], scale: str, scores: dict[tuple[str, str], list[float]],
-           own: dict[tuple[str, str], dict[str, float]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+           own: OwnValues) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The spec with each row's best grid point per column (ties: the first point), resolved against the cells' own
     values (:func:`own_values`), and the report: every point's mean score and each choice. Writes nothing."""
     grid = row_grids(spec, scale)
@@ -288,6 +290,29 @@ def budget_lines(spec: dict[str, Any], scale: str) -> list[str]:
     return lines
 
 
+def edge_note(report: Sequence[dict[str, Any]], tuning: dict[str, Any]) -> list[str]:
+    """The search report's line on choices at the edge of the step grid (none when no choice is)."""
+    edges, chosen = edge_choices(report, tuning), sum("chosen" in r for r in report)
+    return [f"{len(edges)} of {chosen} choices take the smallest or largest step of the grid, so their best step may "
+            f"lie outside it: {'; '.join(edges)}."] if edges else []
+
+
+def edge_choices(report: Sequence[dict[str, Any]], tuning: dict[str, Any]) -> list[str]:
+    """The choices whose step is the smallest or largest of its row's step factors (``row | column: train.lr=×f``):
+    the best point may lie outside the grid."""
+    out = []
+    for entry in report:
+        factor = next((o.split("=", 1)[1][len(RELATIVE):] for o in entry.get("chosen_point", ())
+                       if o.startswith(f"train.lr={RELATIVE}")), None)
+        if factor is None:
+            continue
+        grid = tuning["grid"].get(entry["row"])
+        factors = _factors(tuning, "lr_factors" if grid is not None else "lr_factors_alone") or []
+        if float(factor) in (min(factors), max(factors)):
+            out.append(f"{entry['row']} | {entry['column']}: train.lr={RELATIVE}{factor}")
+    return out
+
+
 def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: str = "runs",
          extra: Sequence[str] = (), results_dir: str | os.PathLike = "results") -> dict[str, Any]:
     """Run the grid, write the choices, and return the spec with each row's choice per column."""
@@ -312,8 +337,9 @@ def tune(spec: dict[str, Any], scale: str, launcher: dict[str, Any], out_dir: st
         f"{tuning['seeds']}; score = mean over seeds of the mean validation accuracy at the "
         f"{'final round' if score_selection(proto) == 'final' else 'round of best mean validation accuracy'} "
         f"(each row's own stage and weighting); ties go to the first grid point. `key=×f` is f times the row's "
-        "own value in that column (the overrides column: the values run). The chosen values are used for the table's final seeds.",
-        *budget_lines(spec, scale)], [frame_grid(frame)])
+        "own value in that column (the overrides column: the values run). The chosen values are used for the "
+        "table's final seeds.",
+        *budget_lines(spec, scale), *edge_note(report, tuning)], [frame_grid(frame)])
     atomic_write_text(base.with_name(base.name + ".md"), to_markdown(searched))
     return tuned
 
@@ -341,9 +367,9 @@ def dry_run_search(spec: dict[str, Any], scale: str, launcher: dict[str, Any], o
 
 def with_tuned(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
     """``spec`` with the choices its last search wrote (``<table>.tuning.json``) as each tuned row's per-column
-    overrides, as :func:`tune` returns it, and the number of points each row was searched over (``searched``), without
-    running anything: for readers of a table's runs (``bench.experiment.collect``, plots, the claims' tuning budget). A spec without a ``tuning:`` block, or not searched yet at ``scale``, comes
-    back unchanged."""
+    overrides, as :func:`tune` returns it, and the number of points each row was searched over (``searched``),
+    without running anything: for readers of a table's runs (``bench.experiment.collect``, plots, the claims' tuning
+    budget). A spec without a ``tuning:`` block, or not searched yet at ``scale``, comes back unchanged."""
     path = output_base(spec["paper"], f"{label(spec)}.tuning.json", scale, results_dir)
     if not spec.get("tuning") or not path.exists():
         return spec
