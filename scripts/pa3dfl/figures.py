@@ -783,13 +783,21 @@ def sweep_rows(frame: Any, param: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d["value"])
 
 
-def sweep_claims(name: str, data: Sequence[Mapping[str, Any]]) -> str:
-    """App. E.3 (lambda) / App. G (depth) claims against the swept means."""
+def sweep_claims(name: str, data: Sequence[Mapping[str, Any]],
+                 missing: Mapping[str, Sequence[float]] | None = None) -> str:
+    """App. E.3 (lambda) / App. G (depth) claims against the swept means. A column where the table could not average
+    some swept values (``missing``: column -> values; did not train, failed) cannot test the claim: a sweep with
+    holes has no best value and no range."""
     by_column: dict[str, list[Mapping[str, Any]]] = {}
     for d in data:
         by_column.setdefault(d["column"], []).append(d)
     parts = []
     for column, pts in by_column.items():
+        holes = sorted((missing or {}).get(column, ()))
+        if holes:
+            parts.append(f"{column}: cannot test ({len(holes)} of {len(pts) + len(holes)} values not averaged in, "
+                         f"{', '.join(f'{v:g}' for v in holes)}: see the table)")
+            continue
         best = max(pts, key=lambda d: d["mean"])
         spread = max(d["mean"] for d in pts) - min(d["mean"] for d in pts)
         noise = max(d["std"] for d in pts)
@@ -825,7 +833,12 @@ def sweep_figure(name: str, scale: str = "mini", out_dir: str = "runs", results:
         print(f"skipped {name}: no table yet (make pa3dfl-{name} SCALE={scale})")
         return []
     param, xlabel, title = SWEEPS[name]
-    data = [d for d in sweep_rows(pd.read_csv(path), param) if not math.isnan(d["mean"])]
+    rows = sweep_rows(pd.read_csv(path), param)
+    data = [d for d in rows if not math.isnan(d["mean"])]
+    missing: dict[str, list[float]] = {}
+    for d in rows:
+        if math.isnan(d["mean"]):
+            missing.setdefault(d["column"], []).append(d["value"])
     if not data:
         print(f"skipped {name}: {path} has no finished cell")
         return []
@@ -849,7 +862,7 @@ def sweep_figure(name: str, scale: str = "mini", out_dir: str = "runs", results:
         ax.set_ylabel("mean client test accuracy (%)")
         ax.legend(fontsize=7)
         fig.suptitle(title + SCALE_NOTES[scale])
-        claims = sweep_claims(name, data)
+        claims = sweep_claims(name, data, missing)
         fig.text(0.0, -0.02, claims, fontsize=7.5, va="top", wrap=True)
         return [*save(fig, base), write_caption(base, claims), write_csv(data, base)]
 
