@@ -350,7 +350,9 @@ def tuning_budget(evidence: Evidence, rows: Sequence[str]) -> str | None:
     """Why the rows did not get the same tuning budget: the search their records come from (the table's
     ``<table>.tuning.json``, read into each row's ``searched``) ran different numbers of points for them, an
     unsearched row counting as one (None when every row's budget is the same)."""
-    searched = {row["name"]: row.get("searched") or 1 for row in evidence.spec["rows"]}
+    from bench.experiment.tuning import searched_points
+
+    searched = searched_points(evidence.spec)
     points = {row: searched.get(row, 1) for row in rows}
     if len(set(points.values())) <= 1:
         return None

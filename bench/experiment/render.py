@@ -280,9 +280,9 @@ def flagged_cells(frame: pd.DataFrame, problems: Sequence[str]) -> dict[str, lis
 def search_budget(spec: dict[str, Any], scale: str) -> list[str]:
     """The search the rows' records come from: the spec's budget when every row was searched over the same number
     of points (``searched``, from ``<table>.tuning.json``), else each row's count, named as unequal."""
-    from bench.experiment.tuning import budget_lines
+    from bench.experiment.tuning import budget_lines, searched_points
 
-    searched = {row["name"]: row.get("searched") or 1 for row in spec["rows"] if not row.get("unavailable")}
+    searched = searched_points(spec)
     if len(set(searched.values())) == 1:
         return budget_lines(spec, scale)
     return ["Unequal search (the records come from a search that gave rows different budgets): "

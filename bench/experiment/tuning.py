@@ -80,7 +80,7 @@ def point_name(row: str, point: Sequence[str]) -> str:
 
 def relative_keys(point: Sequence[str]) -> list[str]:
     """The config keys a point sets relative to the cell's own value (``key=×f``)."""
-    return [o.split("=", 1)[0] for o in point if o.split("=", 1)[1:2] and o.split("=", 1)[1].startswith(RELATIVE)]
+    return [key for key, _, value in (o.partition("=") for o in point) if value.startswith(RELATIVE)]
 
 
 def resolve(point: Sequence[str], own: dict[str, float]) -> list[str]:
@@ -110,10 +110,15 @@ def _factors(tuning: dict[str, Any], key: str) -> list[float] | None:
     return [float(f) for f in factors]
 
 
+def _row_factors(tuning: dict[str, Any], grid: Any) -> list[float] | None:
+    """A row's step factors: ``lr_factors`` beside a key hyperparameter, ``lr_factors_alone`` without one."""
+    return _factors(tuning, "lr_factors" if grid is not None else "lr_factors_alone")
+
+
 def _points(tuning: dict[str, Any], grid: Any) -> list[list[str]]:
     """A row's points before resolution: its step factors (if any) times its key values."""
     keys = [[]] if grid is None else grid_points(grid)
-    factors = _factors(tuning, "lr_factors" if grid is not None else "lr_factors_alone")
+    factors = _row_factors(tuning, grid)
     if factors is None:
         return keys
     return [[f"train.lr={RELATIVE}{f:g}", *k] for f in factors for k in keys]
@@ -306,8 +311,7 @@ def edge_choices(report: Sequence[dict[str, Any]], tuning: dict[str, Any]) -> li
                        if o.startswith(f"train.lr={RELATIVE}")), None)
         if factor is None:
             continue
-        grid = tuning["grid"].get(entry["row"])
-        factors = _factors(tuning, "lr_factors" if grid is not None else "lr_factors_alone") or []
+        factors = _row_factors(tuning, tuning["grid"].get(entry["row"])) or []
         if float(factor) in (min(factors), max(factors)):
             out.append(f"{entry['row']} | {entry['column']}: train.lr={RELATIVE}{factor}")
     return out
@@ -363,6 +367,12 @@ def dry_run_search(spec: dict[str, Any], scale: str, launcher: dict[str, Any], o
     picks = "; ".join(f"{r['row']} | {r['column']}: {', '.join(r['chosen'])}" for r in report if "chosen" in r)
     print(f"the search has finished; the final cells below at the points it picks ({picks})", flush=True)
     return tuned
+
+
+def searched_points(spec: dict[str, Any]) -> dict[str, int]:
+    """How many points each available row was searched over (``searched``, set by :func:`choose` and
+    :func:`with_tuned`); 1 for a row not searched."""
+    return {row["name"]: row.get("searched") or 1 for row in spec["rows"] if not row.get("unavailable")}
 
 
 def with_tuned(spec: dict[str, Any], scale: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
